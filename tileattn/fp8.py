@@ -1,0 +1,51 @@
+"""FP8 scales, quantization and the V layout that FP8 tensor cores need."""
+
+from __future__ import annotations
+
+import torch
+
+from .arch import FP8_DTYPES
+
+
+def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
+                 per: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale x [B, S, H, D] into FP8's range; returns (x_fp8, descale) with x ≈ x_fp8 * descale.
+
+    per="tensor": one float32 scalar descale. per="head": float32 [B, H], one per (batch, head),
+    which keeps a quiet head from losing its precision to a loud one.
+    """
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    if per not in ("tensor", "head"):
+        raise ValueError(f"per must be 'tensor' or 'head', got {per!r}")
+    if per == "head" and x.dim() != 4:
+        raise ValueError(f"per='head' needs x of shape [batch, seqlen, heads, head_dim], got {tuple(x.shape)}")
+    x32 = x.to(torch.float32)
+    if per == "tensor":
+        amax = x32.abs().amax()
+    else:
+        amax = x32.abs().amax(dim=(1, 3))
+    # An all-zero slice keeps scale 1 instead of dividing by zero.
+    amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+    scale = torch.finfo(dtype).max / amax
+    broadcast_scale = scale if per == "tensor" else scale[:, None, :, None]
+    x_fp8 = (x32 * broadcast_scale).clamp(torch.finfo(dtype).min, torch.finfo(dtype).max).to(dtype)
+    return x_fp8, (1.0 / scale).to(torch.float32)
+
+
+def is_k_major(v: torch.Tensor) -> bool:
+    """V [B, S, H, D] whose sequence dim is contiguous (what FP8 P@V wants on sm89/sm90)."""
+    return v.stride(1) == 1 and v.stride(3) != 1
+
+
+def prepare_v(v: torch.Tensor) -> torch.Tensor:
+    """A K-major copy of V with the same logical shape [B, S, H, D] (v.stride(1) == 1).
+
+    Pass the result to attention() in place of v to keep the transposition out of every call,
+    e.g. when a KV cache is reused across many queries.
+    """
+    if v.dim() != 4:
+        raise ValueError(f"v must have shape [batch, seqlen, heads, head_dim], got {tuple(v.shape)}")
+    if is_k_major(v):
+        return v
+    return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)

@@ -1,0 +1,47 @@
+"""fp64 reference implementations: the yardstick for tests, benchmarks and the accuracy table.
+
+They also serve CPU tensors when the Triton interpreter is off (slow but exact).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
+    """x [B, S, H, D] upcast to fp64, times its descale (scalar or [B, H])."""
+    x = x.to(torch.float32).to(torch.float64)
+    if descale is None:
+        return x
+    descale = descale.to(device=x.device, dtype=torch.float64)
+    if descale.dim() == 2:
+        descale = descale[:, None, :, None]
+    return x * descale
+
+
+def attention_reference(q, k, v, *, causal=False, softmax_scale=None,
+                        q_descale=None, k_descale=None, v_descale=None):
+    """Exact attention in fp64. Returns (out [B, Sq, Hq, Dv], lse [B, Hq, Sq]), both fp64.
+
+    Causal masking is bottom-right aligned: query i sees keys j <= i + Sk - Sq. Rows that see
+    no key output 0 with lse = -inf.
+    """
+    q, k, v = _descaled(q, q_descale), _descaled(k, k_descale), _descaled(v, v_descale)
+    seqlen_q, num_q_heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    group = num_q_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+    if causal:
+        rows = torch.arange(seqlen_q, device=q.device)[:, None]
+        cols = torch.arange(seqlen_k, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows + (seqlen_k - seqlen_q), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    return out, lse
