@@ -36,12 +36,18 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None,
     group = num_q_heads // num_kv_heads
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
-    if causal:
-        rows = torch.arange(seqlen_q, device=q.device)[:, None]
-        cols = torch.arange(seqlen_k, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + (seqlen_k - seqlen_q), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    return out, lse
+    # Queries in chunks so that a 32k-context check needs ~1 GB of fp64 scores, not 100s.
+    chunk = max(1, (1 << 27) // max(1, seqlen_k * num_q_heads * q.shape[0]))
+    outs, lses = [], []
+    for start in range(0, seqlen_q, chunk):
+        rows = torch.arange(start, min(start + chunk, seqlen_q), device=q.device)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q[:, rows], k) * softmax_scale
+        if causal:
+            cols = torch.arange(seqlen_k, device=q.device)
+            hidden = cols[None, :] > rows[:, None] + (seqlen_k - seqlen_q)
+            scores = scores.masked_fill(hidden, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+        outs.append(torch.einsum("bhqk,bkhd->bqhd", probs, v))
+        lses.append(lse)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)

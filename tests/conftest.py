@@ -1,0 +1,23 @@
+"""Test setup shared by every test file.
+
+CPU-only machines run the real Triton kernels in the interpreter: TRITON_INTERPRET must be set
+before any kernel is defined, so it is set here, before tileattn is imported. Where a GPU
+exists the kernels compile for it and tests/gpu/ runs too.
+"""
+
+import os
+
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Relative L2 error allowed against the fp64 reference computed on the same (quantized) inputs,
+# per input dtype. FP8 bounds are dominated by P being rounded to FP8 before P@V.
+TOLERANCES = {
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+    torch.float8_e4m3fn: 8e-2,
+    torch.float8_e5m2: 1.5e-1,
+}

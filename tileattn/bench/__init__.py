@@ -1,0 +1,1 @@
+"""Benchmark harness: one timing rule, one results format, for every op."""
