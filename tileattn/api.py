@@ -66,7 +66,6 @@ def _check_attention_inputs(q, k, v, causal, softmax_scale, q_descale, k_descale
                             f"got {x.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    check_same_device(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
     batch, _, num_q_heads, head_dim = q.shape
     _, seqlen_k, num_kv_heads, _ = k.shape
@@ -100,6 +99,7 @@ def _check_attention_inputs(q, k, v, causal, softmax_scale, q_descale, k_descale
     check_descale("q_descale", q_descale, batch, num_q_heads)
     check_descale("k_descale", k_descale, batch, num_kv_heads)
     check_descale("v_descale", v_descale, batch, num_kv_heads)
+    check_same_device(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))

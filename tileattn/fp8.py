@@ -26,8 +26,7 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     else:
         amax = x32.abs().amax(dim=(1, 3))
     # An all-zero slice keeps scale 1 instead of dividing by zero.
-    amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-    scale = torch.finfo(dtype).max / amax
+    scale = torch.where(amax > 0, torch.finfo(dtype).max / amax, torch.ones_like(amax))
     broadcast_scale = scale if per == "tensor" else scale[:, None, :, None]
     x_fp8 = (x32 * broadcast_scale).clamp(torch.finfo(dtype).min, torch.finfo(dtype).max).to(dtype)
     return x_fp8, (1.0 / scale).to(torch.float32)
