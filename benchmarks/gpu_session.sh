@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device-tool call: the steps named on the command line, logs and results under $OUT.
+#   bash benchmarks/gpu_session.sh tests sweep sanitizer bench accuracy mla
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"
+for step in "$@"; do
+  echo "=== $step $(date -u +%T)"
+  case $step in
+    tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_api_errors.py tests/test_arch.py tests/test_fp8.py 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+    gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
+    sweep) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(); open('$OUT/sweep.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep.log" | grep -v "^$" | tail -12 ;;
+    sanitizer) compute-sanitizer --tool memcheck --error-exitcode 9 python3 -c "
+import torch, tileattn
+for dt in (torch.bfloat16, torch.float8_e4m3fn):
+    q = torch.randn(2, 77, 4, 96, device='cuda'); k = torch.randn(2, 131, 2, 96, device='cuda'); v = torch.randn(2, 131, 2, 64, device='cuda')
+    if dt.itemsize == 1:
+        (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dt) for x in (q, k, v)); d = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        q, k, v = (x.to(dt) for x in (q, k, v)); d = {}
+    for causal in (False, True):
+        tileattn.attention(q, k, v, causal=causal, return_lse=True, **d)
+torch.cuda.synchronize(); print('sanitizer case ran')
+" 2>&1 | tail -5; echo "sanitizer exit ${PIPESTATUS[0]}" ;;
+    bench) python3 -m tileattn bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^prefill \[" | tail -80 ;;
+    quickbench) python3 -m tileattn bench --quick --out "$OUT" 2>&1 | tail -30 ;;
+    accuracy) python3 -m tileattn accuracy --out "$OUT" 2>&1 | tail -40 ;;
+    mla) python3 -m tileattn bench --mla --out "$OUT" 2>&1 | tee "$OUT/mla.log" | tail -60 ;;
+    demo) python3 -m tileattn demo 2>&1 | tail -8 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "=== done $(date -u +%T)"

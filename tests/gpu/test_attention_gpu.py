@@ -1,0 +1,60 @@
+"""attention() on a real GPU at real sizes: every dtype (bf16 included), every head dim, long
+contexts. Skipped on machines without CUDA; run through the device tool."""
+
+import pytest
+import torch
+
+import tileattn
+from tileattn.arch import FP8_DTYPES
+from tileattn.reference import attention_reference
+
+from ..conftest import TOLERANCES
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
+HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
+# (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads)
+SHAPES = [(2, 1000, 1000, 8, 2), (1, 4097, 4097, 4, 4), (3, 1, 4097, 8, 1), (1, 17, 3000, 4, 2),
+          (1, 3000, 17, 4, 2)]
+
+
+def run_and_check(shape, head_dims, dtype, causal, per="tensor"):
+    batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads = shape
+    head_dim, head_dim_v = head_dims
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape) + head_dim)
+    q = torch.randn(batch, seqlen_q, num_q_heads, head_dim, device="cuda", generator=gen)
+    k = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, device="cuda", generator=gen)
+    v = torch.randn(batch, seqlen_k, num_kv_heads, head_dim_v, device="cuda", generator=gen)
+    descales = {}
+    if dtype in FP8_DTYPES:
+        (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype, per=per) for x in (q, k, v))
+        descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+    out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True, **descales)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal, **descales)
+    assert torch.isfinite(out).all()
+    error = float((out.double() - ref).norm() / ref.norm())
+    assert error < TOLERANCES[dtype], error
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() < 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"D{d[0]}-{d[1]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_real_sizes(dtype, head_dims, shape, causal):
+    run_and_check(shape, head_dims, dtype, causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_per_head_descales(dtype):
+    run_and_check((2, 2000, 2000, 8, 4), (128, 128), dtype, True, per="head")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+def test_long_context_32k(dtype):
+    run_and_check((1, 32768, 32768, 2, 1), (128, 128), dtype, True)

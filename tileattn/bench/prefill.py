@@ -1,0 +1,198 @@
+"""The prefill/training forward grid of ../shared/BENCHMARKS.md, tileattn beside its peers.
+
+Every implementation gets the same inputs in the public layout [B, N, H, D]; the FP8 rows pass
+a row-major V, so the K-major transposition attention() makes on sm89/sm90 is inside the timed
+region. Each call is checked against cuDNN/FA2 bf16 of the same point before it is timed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import tileattn
+
+from .common import Progress, device_facts, time_ms, write_results
+
+BATCH, HEADS = 4, 32
+HEAD_DIMS = (64, 128, 256)
+CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
+FLEX_CONTEXTS = (1024, 4096, 16384)
+# Relative L2 distance to the bf16 peer's output that a timed call must stay under.
+CHECK_TOLERANCE = {"bf16": 2e-2, "fp16": 2e-2, "fp8e4m3": 1e-1, "fp8e5m2": 1.5e-1}
+TILEATTN_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16,
+                   "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+
+
+def flops(context: int, head_dim: int, causal: bool) -> float:
+    total = 4 * BATCH * HEADS * context * context * head_dim
+    return total / 2 if causal else total
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):  # SDPA wants [B, H, N, D]
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+    return run
+
+
+def _flex():
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    # The default recompile limit of 8 silently falls back to an unfused path.
+    torch._dynamo.config.cache_size_limit = 1000
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def run(q, k, v, causal):
+        block_mask = None
+        if causal:
+            key = (q.shape[1], q.device)
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None,
+                                               q.shape[1], q.shape[1], device=q.device)
+            block_mask = masks[key]
+        return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                        block_mask=block_mask).transpose(1, 2)
+    return run
+
+
+def _tileattn(dtype_name):
+    dtype = TILEATTN_DTYPES[dtype_name]
+
+    def prepare(q, k, v):
+        if dtype.itemsize == 2:
+            return (q.to(dtype), k.to(dtype), v.to(dtype)), {}
+        (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x, dtype) for x in (q, k, v))
+        return (q8, k8, v8), dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    return prepare
+
+
+def providers():
+    """(impl, dtype) -> (prepare inputs, run). Peers that cannot run here are left out."""
+    from torch.nn.attention import SDPBackend
+    table = {}
+    for name in TILEATTN_DTYPES:
+        table[("tileattn", name)] = (_tileattn(name),
+                                     lambda q, k, v, causal, **d: tileattn.attention(q, k, v, causal=causal, **d))
+    bf16 = _tileattn("bf16")
+    table[("cudnn", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal))
+    table[("fa2", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal))
+    try:
+        flex = _flex()
+        table[("flex", "bf16")] = (bf16, lambda q, k, v, causal: flex(q, k, v, causal))
+    except Exception as error:  # noqa: BLE001 - report and go on without the peer
+        print(f"flex attention unavailable: {error}")
+    return table
+
+
+def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> dict:
+    device = torch.device("cuda")
+    facts = device_facts(device)
+    table = providers()
+    if quick:
+        head_dims, contexts = (128,), (1024, 4096)
+    points = [(d, c, n) for d in head_dims for c in (False, True) for n in contexts]
+    rows = []
+    progress = Progress(len(points) * len(table), "prefill")
+    for head_dim, causal, context in points:
+        gen = torch.Generator(device=device).manual_seed(context + head_dim)
+        shape = (BATCH, context, HEADS, head_dim)
+        q, k, v = (torch.randn(shape, device=device, generator=gen) for _ in range(3))
+        yardstick = None
+        for (impl, dtype_name), (prepare, call) in table.items():
+            progress.step(f"{impl}-{dtype_name} D={head_dim} N={context} causal={causal}")
+            if impl == "flex" and context not in FLEX_CONTEXTS:
+                continue
+            try:
+                args, kwargs = prepare(q, k, v)
+                out = call(*args, causal, **kwargs)
+                if yardstick is None and impl in ("cudnn", "fa2", "tileattn") and dtype_name == "bf16":
+                    yardstick = out.float()
+                if yardstick is not None:
+                    error = float((out.float() - yardstick).norm() / yardstick.norm())
+                    if not error < CHECK_TOLERANCE[dtype_name]:
+                        print(f"\n{impl}-{dtype_name} D={head_dim} N={context}: error {error:.3g}, not timed")
+                        continue
+                del out
+                ms = time_ms(lambda: call(*args, causal, **kwargs))
+            except Exception as error:  # noqa: BLE001 - a peer that fails a shape is reported
+                print(f"\n{impl}-{dtype_name} D={head_dim} N={context} causal={causal}: "
+                      f"{type(error).__name__}: {str(error)[:200]}")
+                continue
+            rows.append({"D": head_dim, "causal": causal, "N": context, "impl": impl,
+                         "dtype": dtype_name, "ms": ms,
+                         "tflops": flops(context, head_dim, causal) / ms / 1e9})
+        del q, k, v, yardstick
+        torch.cuda.empty_cache()
+    payload = {**facts, "batch": BATCH, "heads": HEADS, "rows": rows}
+    path = write_results("prefill", payload, out_dir)
+    print(format_tables(payload))
+    print(f"results: {path}")
+    plot(payload, path.with_suffix(".png"))
+    return payload
+
+
+def format_tables(payload: dict) -> str:
+    """One table per (D, causal): TFLOP/s per context and column, then ratios to the best peer."""
+    rows = payload["rows"]
+    columns = sorted({(r["impl"], r["dtype"]) for r in rows},
+                     key=lambda c: (c[0] != "tileattn", c[0], c[1]))
+    lines = []
+    for head_dim in sorted({r["D"] for r in rows}):
+        for causal in (False, True):
+            here = [r for r in rows if r["D"] == head_dim and r["causal"] == causal]
+            if not here:
+                continue
+            lines.append(f"\nD={head_dim} causal={causal}  (TFLOP/s)")
+            lines.append("N".rjust(6) + "".join(f"{i + '-' + d:>16}" for i, d in columns)
+                         + "   tileattn/best-peer bf16, fp8e4m3/bf16 time")
+            for context in sorted({r["N"] for r in here}):
+                cell = {(r["impl"], r["dtype"]): r for r in here if r["N"] == context}
+                text = f"{context:>6}" + "".join(
+                    f"{cell[c]['tflops']:>16.0f}" if c in cell else f"{'-':>16}" for c in columns)
+                peers = [r["tflops"] for (i, d), r in cell.items() if i != "tileattn" and d == "bf16"]
+                ours = cell.get(("tileattn", "bf16"))
+                fp8 = cell.get(("tileattn", "fp8e4m3"))
+                if ours and peers:
+                    text += f"   {ours['tflops'] / max(peers):.2f}x"
+                if ours and fp8:
+                    text += f", {fp8['ms'] / ours['ms']:.2f}"
+                lines.append(text)
+    return "\n".join(lines)
+
+
+def plot(payload: dict, path) -> None:
+    """TFLOP/s vs context, one panel per (D, causal), one line per column."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (python -m tileattn plot <results.json> makes one)")
+        return
+    rows = payload["rows"]
+    head_dims = sorted({r["D"] for r in rows})
+    fig, axes = plt.subplots(2, len(head_dims), figsize=(5 * len(head_dims), 8), squeeze=False)
+    for col, head_dim in enumerate(head_dims):
+        for row_index, causal in enumerate((False, True)):
+            ax = axes[row_index][col]
+            here = [r for r in rows if r["D"] == head_dim and r["causal"] == causal]
+            for impl, dtype in sorted({(r["impl"], r["dtype"]) for r in here}):
+                line = sorted((r["N"], r["tflops"]) for r in here if (r["impl"], r["dtype"]) == (impl, dtype))
+                ax.plot([n for n, _ in line], [t for _, t in line], marker="o",
+                        linestyle="-" if impl == "tileattn" else "--", label=f"{impl}-{dtype}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"D={head_dim} {'causal' if causal else 'non-causal'}")
+            ax.set_xlabel("context")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{payload['device']} forward, B={payload['batch']} H={payload['heads']} ({payload['date']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+

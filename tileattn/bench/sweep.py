@@ -1,0 +1,64 @@
+"""Tile-config sweep for the portable kernel: times candidate rows of its config table.
+
+Used to fill attention_fwd.CONFIGS for a chip; results go to benchmarks/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import tileattn
+from tileattn.arch import arch_of
+from tileattn.kernels import attention_fwd
+
+from .common import time_ms
+
+# (BLOCK_M, BLOCK_N, warps, stages): one warpgroup per 64 query rows, as wgmma wants.
+CANDIDATES = [attention_fwd.TileConfig(*row) for row in [
+    (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4),
+    (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 4, 2)]]
+
+
+def run(head_dims=(64, 128, 256), dtypes=("bf16", "fp8e4m3"), context=4096, causal=False):
+    device = torch.device("cuda")
+    arch = arch_of(device)
+    results = []
+    for head_dim, dtype_name in itertools.product(head_dims, dtypes):
+        is_fp8 = dtype_name.startswith("fp8")
+        dtype = torch.float8_e4m3fn if is_fp8 else torch.bfloat16
+        q, k, v = (torch.randn(4, context, 32, head_dim, device=device) for _ in range(3))
+        descales = {}
+        if is_fp8:
+            (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype) for x in (q, k, v))
+            v = tileattn.prepare_v(v)
+            descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+        else:
+            q, k, v = (x.to(dtype) for x in (q, k, v))
+        reference = None
+        key = (arch.name, attention_fwd.padded_head_dim(head_dim), is_fp8)
+        original = attention_fwd.CONFIGS.get(key)
+        best = None
+        for config in CANDIDATES:
+            attention_fwd.CONFIGS[key] = config
+            try:
+                out = tileattn.attention(q, k, v, causal=causal, **descales)
+                if reference is None:
+                    reference = out.float()
+                elif float((out.float() - reference).norm() / reference.norm()) > 5e-2:
+                    print(f"D={head_dim} {dtype_name} {config}: wrong result")
+                    continue
+                ms = time_ms(lambda: tileattn.attention(q, k, v, causal=causal, **descales))
+            except Exception as error:  # noqa: BLE001 - out of resources etc.
+                print(f"D={head_dim} {dtype_name} {config}: {type(error).__name__}")
+                continue
+            tflops = 4 * 4 * 32 * context * context * head_dim / ms / 1e9 / (2 if causal else 1)
+            results.append({"D": head_dim, "dtype": dtype_name, "config": config.__dict__,
+                            "tflops": tflops})
+            if best is None or tflops > best[1]:
+                best = (config, tflops)
+        if original is not None:
+            attention_fwd.CONFIGS[key] = original
+        print(f"D={head_dim} {dtype_name}: best {best}, table row {original}", flush=True)
+    return results
