@@ -21,3 +21,12 @@ TOLERANCES = {
     torch.float8_e4m3fn: 8e-2,
     torch.float8_e5m2: 1.5e-1,
 }
+
+# Bound on |lse - ref| / max(1, |ref|). FP8 QK^T runs on FP8 tensor cores whose fp32
+# accumulation keeps fewer mantissa bits (measured on H100: up to 4e-4), hence the looser row.
+LSE_TOLERANCES = {
+    torch.float16: 1e-4,
+    torch.bfloat16: 1e-4,
+    torch.float8_e4m3fn: 2e-3,
+    torch.float8_e5m2: 2e-3,
+}
