@@ -35,3 +35,15 @@ def test_prepare_v_layout():
     assert v_k_major.shape == v.shape and v_k_major.stride(1) == 1
     assert is_k_major(v_k_major) and not is_k_major(v)
     assert torch.equal(v_k_major, v)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96])
+def test_transpose_kernel(head_dim):
+    """The Triton transpose behind prepare_v on CUDA, run directly (interpreter on CPU)."""
+    from tileattn.kernels.layout import transpose_v_launch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fused = torch.randn(2, 77, 2, 3, head_dim, device=device).to(torch.float8_e4m3fn)
+    v = fused[:, :, 1]  # strided, as when sliced from a fused kv buffer
+    out = torch.zeros(2, 3, head_dim, 77, dtype=v.dtype, device=device)
+    transpose_v_launch(v, out).run()
+    assert torch.equal(out.permute(0, 3, 1, 2).float(), v.float())

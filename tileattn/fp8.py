@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .arch import FP8_DTYPES
+from .kernels.layout import transpose_v_launch
 
 
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
@@ -47,4 +48,10 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"v must have shape [batch, seqlen, heads, head_dim], got {tuple(v.shape)}")
     if is_k_major(v):
         return v
-    return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    if v.device.type != "cuda" or v.stride(3) != 1:
+        return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    batch, seqlen, heads, head_dim = v.shape
+    out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
+    with torch.device(v.device):
+        transpose_v_launch(v, out).run()
+    return out.permute(0, 3, 1, 2)

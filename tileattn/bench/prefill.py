@@ -19,7 +19,8 @@ HEAD_DIMS = (64, 128, 256)
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 FLEX_CONTEXTS = (1024, 4096, 16384)
 # Relative L2 distance to the bf16 peer's output that a timed call must stay under.
-CHECK_TOLERANCE = {"bf16": 2e-2, "fp16": 2e-2, "fp8e4m3": 1e-1, "fp8e5m2": 1.5e-1}
+CHECK_TOLERANCE = {"bf16": 2e-2, "fp16": 2e-2, "fp8e4m3": 1e-1, "fp8e5m2": 1.5e-1,
+                   "fp8e4m3-vT": 1e-1}
 TILEATTN_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16,
                    "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
 
@@ -61,12 +62,15 @@ def _flex():
 
 
 def _tileattn(dtype_name):
-    dtype = TILEATTN_DTYPES[dtype_name]
+    """Inputs for one tileattn column; "-vT" passes V already K-major (prepare_v untimed)."""
+    dtype = TILEATTN_DTYPES[dtype_name.removesuffix("-vT")]
 
     def prepare(q, k, v):
         if dtype.itemsize == 2:
             return (q.to(dtype), k.to(dtype), v.to(dtype)), {}
         (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x, dtype) for x in (q, k, v))
+        if dtype_name.endswith("-vT"):
+            v8 = tileattn.prepare_v(v8)
         return (q8, k8, v8), dict(q_descale=qd, k_descale=kd, v_descale=vd)
     return prepare
 
@@ -75,7 +79,7 @@ def providers():
     """(impl, dtype) -> (prepare inputs, run). Peers that cannot run here are left out."""
     from torch.nn.attention import SDPBackend
     table = {}
-    for name in TILEATTN_DTYPES:
+    for name in (*TILEATTN_DTYPES, "fp8e4m3-vT"):
         table[("tileattn", name)] = (_tileattn(name),
                                      lambda q, k, v, causal, **d: tileattn.attention(q, k, v, causal=causal, **d))
     bf16 = _tileattn("bf16")
@@ -87,6 +91,19 @@ def providers():
     except Exception as error:  # noqa: BLE001 - report and go on without the peer
         print(f"flex attention unavailable: {error}")
     return table
+
+
+def _yardstick(table, q, k, v, causal):
+    """A peer's bf16 output (cuDNN, else FA2) that every timed call is compared with."""
+    for peer in (("cudnn", "bf16"), ("fa2", "bf16")):
+        if peer in table:
+            prepare, call = table[peer]
+            try:
+                args, kwargs = prepare(q, k, v)
+                return call(*args, causal, **kwargs).float()
+            except Exception:  # noqa: BLE001 - try the next peer
+                continue
+    raise RuntimeError("no bf16 peer could run to check results against")
 
 
 def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> dict:
@@ -102,7 +119,7 @@ def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> di
         gen = torch.Generator(device=device).manual_seed(context + head_dim)
         shape = (BATCH, context, HEADS, head_dim)
         q, k, v = (torch.randn(shape, device=device, generator=gen) for _ in range(3))
-        yardstick = None
+        yardstick = _yardstick(table, q, k, v, causal)
         for (impl, dtype_name), (prepare, call) in table.items():
             progress.step(f"{impl}-{dtype_name} D={head_dim} N={context} causal={causal}")
             if impl == "flex" and context not in FLEX_CONTEXTS:
@@ -110,13 +127,10 @@ def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> di
             try:
                 args, kwargs = prepare(q, k, v)
                 out = call(*args, causal, **kwargs)
-                if yardstick is None and impl in ("cudnn", "fa2", "tileattn") and dtype_name == "bf16":
-                    yardstick = out.float()
-                if yardstick is not None:
-                    error = float((out.float() - yardstick).norm() / yardstick.norm())
-                    if not error < CHECK_TOLERANCE[dtype_name]:
-                        print(f"\n{impl}-{dtype_name} D={head_dim} N={context}: error {error:.3g}, not timed")
-                        continue
+                error = float((out.float() - yardstick).norm() / yardstick.norm())
+                if not error < CHECK_TOLERANCE[dtype_name]:
+                    print(f"\n{impl}-{dtype_name} D={head_dim} N={context}: error {error:.3g}, not timed")
+                    continue
                 del out
                 ms = time_ms(lambda: call(*args, causal, **kwargs))
             except Exception as error:  # noqa: BLE001 - a peer that fails a shape is reported
