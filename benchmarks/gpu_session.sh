@@ -29,6 +29,7 @@ torch.cuda.synchronize(); print('sanitizer case ran')
     accuracy) python3 -m tileattn accuracy --out "$OUT" 2>&1 | tail -40 ;;
     mla) python3 -m tileattn bench --mla --out "$OUT" 2>&1 | tee "$OUT/mla.log" | tail -60 ;;
     demo) python3 -m tileattn demo 2>&1 | tail -8 ;;
+    overhead) python3 -c "from tileattn.bench import overhead; import json; r = overhead.run(); open('$OUT/overhead.json', 'w').write(json.dumps(r))" 2>&1 | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -12,6 +12,7 @@ import torch
 from . import fp8, reference
 from .arch import FP8_DTYPES, arch_of, v_needs_k_major
 from .kernels import attention_fwd, interpreter_active
+from .kernels.cross_compile import on_device
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 INPUT_DTYPES = (torch.float16, torch.bfloat16) + FP8_DTYPES
@@ -150,7 +151,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     out = torch.empty((batch, seqlen_q, num_q_heads, v.shape[3]), dtype=out_dtype, device=q.device)
     lse = (torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device)
            if return_lse else None)
-    with torch.device(q.device):
+    with on_device(q.device):
         attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                        softmax_scale, causal, arch).run()
     return (out, lse) if return_lse else out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .arch import FP8_DTYPES
+from .kernels.cross_compile import on_device
 from .kernels.layout import transpose_v_launch
 
 
@@ -52,6 +53,6 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
         return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
     batch, seqlen, heads, head_dim = v.shape
     out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
-    with torch.device(v.device):
+    with on_device(v.device):
         transpose_v_launch(v, out).run()
     return out.permute(0, 3, 1, 2)

@@ -69,7 +69,9 @@ _SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "s
 
 def padded_head_dim(head_dim: int) -> int:
     """Triton tiles are powers of two: 96 runs as 128 and 192 as 256 (padding is masked)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    # Plain bit arithmetic: triton.next_power_of_2 is a JIT-wrapped helper costing ~7 us a call
+    # on the host, which short-context calls cannot afford.
+    return max(16, 1 << (head_dim - 1).bit_length())
 
 
 def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool) -> TileConfig:
@@ -268,6 +270,6 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         CAUSAL=causal, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
     )
-    grid = (triton.cdiv(seqlen_q, config.block_m), batch * num_q_heads)
+    grid = (-(-seqlen_q // config.block_m), batch * num_q_heads)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         config.num_warps, config.num_stages)

@@ -48,7 +48,7 @@ def transpose_v_launch(v: torch.Tensor, out: torch.Tensor) -> KernelLaunch:
     batch, seqlen, num_heads, head_dim = v.shape
     args = dict(v_ptr=v, out_ptr=out, stride_vb=v.stride(0), stride_vs=v.stride(1),
                 stride_vh=v.stride(2), seqlen=seqlen, num_heads=num_heads)
-    constexprs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+    constexprs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=1 << (head_dim - 1).bit_length(),
                       BLOCK_S=BLOCK_S)
-    grid = (triton.cdiv(seqlen, BLOCK_S), batch * num_heads)
+    grid = (-(-seqlen // BLOCK_S), batch * num_heads)
     return KernelLaunch(transpose_v_kernel, grid, args, constexprs, num_warps=4, num_stages=1)
