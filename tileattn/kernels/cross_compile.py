@@ -19,7 +19,10 @@ from typing import Any
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton import knobs
+from triton.knobs import HookChain
 from triton.compiler import ASTSource
+from triton.runtime.interpreter import InterpretedFunction
 
 _POINTER_TYPES = {
     torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
@@ -38,8 +41,59 @@ class KernelLaunch:
     num_stages: int
 
     def run(self) -> None:
-        self.kernel[self.grid](**self.args, **self.constexprs,
-                               num_warps=self.num_warps, num_stages=self.num_stages)
+        """Launch. On CUDA, repeat launches of an already-compiled specialization skip Triton's
+        binder and go straight to the compiled kernel's launcher: on the lent H100's host that
+        binder costs ~60 us a call, more than a whole N=1024 forward."""
+        if not _fast_launch_possible(self.kernel):
+            self.kernel[self.grid](**self.args, **self.constexprs,
+                                   num_warps=self.num_warps, num_stages=self.num_stages)
+            return
+        key = self._specialization_key()
+        compiled = _COMPILED.get(key)
+        if compiled is None:
+            _COMPILED[key] = self.kernel[self.grid](**self.args, **self.constexprs,
+                                                    num_warps=self.num_warps,
+                                                    num_stages=self.num_stages)
+            return
+        grid = (*self.grid, 1, 1)
+        ordered = [self.constexprs[name] if name in self.constexprs else self.args[name]
+                   for name in self.kernel.arg_names]
+        compiled.run(grid[0], grid[1], grid[2], torch.cuda.current_stream().cuda_stream,
+                     compiled.function, compiled.packed_metadata, None, None, None, *ordered)
+
+    def _specialization_key(self) -> tuple:
+        """Everything Triton's JIT specializes a compiled kernel on (see cross_compile below)."""
+        key = [self.kernel, self.num_warps, self.num_stages, torch.cuda.current_device()]
+        for name in self.kernel.arg_names:
+            if name in self.constexprs:
+                key.append(self.constexprs[name])
+                continue
+            value = self.args[name]
+            if isinstance(value, torch.Tensor):
+                key.append((value.dtype, value.data_ptr() % 16 == 0))
+            elif isinstance(value, bool) or value is None:
+                key.append(value)
+            elif isinstance(value, int):
+                key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
+            else:
+                key.append(type(value))
+        return tuple(key)
+
+
+# Compiled kernels by specialization key, for KernelLaunch.run's fast path.
+_COMPILED: dict[tuple, Any] = {}
+
+
+def _no_launch_hooks() -> bool:
+    """Triton keeps its launch hooks as (usually empty) HookChains, or a user's function."""
+    return all(hook is None or (isinstance(hook, HookChain) and not hook.calls)
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+def _fast_launch_possible(kernel) -> bool:
+    # Interpreted kernels, and launches watched by hooks (profilers), take Triton's own path.
+    return (not isinstance(kernel, InterpretedFunction) and torch.cuda.is_available()
+            and _no_launch_hooks())
 
 
 def on_device(device: torch.device):
