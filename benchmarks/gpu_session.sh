@@ -12,6 +12,7 @@ for step in "$@"; do
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_api_errors.py tests/test_arch.py tests/test_fp8.py 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
     sweep) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(); open('$OUT/sweep.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep.log" | grep -v "^$" | tail -12 ;;
+    sweepcausal) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(head_dims=(64, 128), causal=True); open('$OUT/sweep-causal.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep-causal.log" | grep best ;;
     sanitizer) compute-sanitizer --tool memcheck --error-exitcode 9 python3 -c "
 import torch, tileattn
 for dt in (torch.bfloat16, torch.float8_e4m3fn):
