@@ -152,3 +152,19 @@ def test_fp8_v_is_made_k_major_where_the_arch_needs_it(monkeypatch):
             pytest.skip("CPU without the interpreter runs the reference, not the kernel")
         tileattn.attention(q, k, v, **descales)
         assert (seen["v_stride_seq"] == 1) == k_major
+
+
+def test_cpu_without_interpreter_uses_the_reference():
+    """The documented laptop path: CPU tensors, TRITON_INTERPRET unset -> fp64 reference."""
+    from .compile_helpers import run_without_interpreter
+    result = run_without_interpreter(r'''
+import json, torch, tileattn
+from tileattn.kernels import interpreter_active
+from tileattn.reference import attention_reference
+q, k, v = (torch.randn(1, 33, 2, 64).half() for _ in range(3))
+out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
+ref, ref_lse = attention_reference(q, k, v, causal=True)
+print(json.dumps({"interpreted": interpreter_active(), "dtype": str(out.dtype),
+                  "out_exact": bool(torch.equal(out, ref.half())), "lse_exact": bool(torch.equal(lse, ref_lse.float()))}))
+''')
+    assert result == {"interpreted": False, "dtype": "torch.float16", "out_exact": True, "lse_exact": True}
