@@ -4,6 +4,11 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Optional wheels carried in .whl/ (e.g. nvidia-cudnn-frontend==1.14.1 for the cuDNN FP8 peer).
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"
 for step in "$@"; do

@@ -7,6 +7,8 @@ region. Each call is checked against cuDNN/FA2 bf16 of the same point before it 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -61,6 +63,75 @@ def _flex():
     return run
 
 
+def _cudnn_fp8():
+    """cuDNN's FP8 attention through cudnn-frontend (e4m3 in and out, per-tensor scales).
+
+    One graph per (shape, causal), built once; a timed call is graph.execute plus the host
+    work of its variant pack. The output comes back as e4m3 scaled by scale_o; the correctness
+    check upcasts and descales it, the timed calls do not.
+    """
+    import cudnn
+
+    handle = cudnn.create_handle()
+    graphs = {}
+    e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+
+    def build(q, k, v, causal):
+        graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32,
+                              compute_data_type=fp32, handle=handle)
+        as_bhsd = lambda x: x.transpose(1, 2)  # cuDNN's logical order, same memory
+        tensors = {name: graph.tensor(name=name, dim=list(as_bhsd(x).shape),
+                                      stride=list(as_bhsd(x).stride()), data_type=e4m3)
+                   for name, x in (("q", q), ("k", k), ("v", v))}
+        scalars = {name: graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1],
+                                      data_type=fp32)
+                   for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s",
+                                "scale_o")}
+        out, _, amax_s, amax_o = graph.sdpa_fp8(
+            **tensors, **scalars, is_inference=True, attn_scale=1.0 / math.sqrt(q.shape[-1]),
+            use_causal_mask=causal)
+        out_torch = torch.empty(q.shape[:3] + v.shape[3:], dtype=torch.float8_e4m3fn, device=q.device)
+        out.set_output(True).set_dim(list(as_bhsd(out_torch).shape)).set_stride(
+            list(as_bhsd(out_torch).stride())).set_data_type(e4m3)
+        for amax in (amax_s, amax_o):
+            amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+        workspace = torch.empty(graph.get_workspace_size(), device=q.device, dtype=torch.uint8)
+        amax_buffers = [torch.empty(1, 1, 1, 1, device=q.device) for _ in range(2)]
+        return graph, tensors, scalars, out, out_torch, (amax_s, amax_o), amax_buffers, workspace
+
+    def run(q, k, v, causal, q_descale, k_descale, v_descale):
+        key = (tuple(q.shape), tuple(v.shape), causal)
+        if key not in graphs:
+            graphs[key] = build(q, k, v, causal)
+        graph, tensors, scalars, out, out_torch, amaxes, amax_buffers, workspace = graphs[key]
+        values = {"descale_q": q_descale, "descale_k": k_descale, "descale_v": v_descale,
+                  "descale_s": torch.tensor(1 / 448.0, device=q.device),
+                  "scale_s": torch.tensor(448.0, device=q.device),
+                  "scale_o": 1.0 / v_descale}
+        pack = {tensors["q"]: q, tensors["k"]: k, tensors["v"]: v, out: out_torch}
+        pack.update({scalars[name]: value.reshape(1, 1, 1, 1) for name, value in values.items()})
+        pack.update(dict(zip(amaxes, amax_buffers)))
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+        graph.execute(pack, workspace, handle=handle)
+        return _Descaled(out_torch, v_descale)
+    return run
+
+
+class _Descaled:
+    """cuDNN's e4m3 output with its scale, upcast only when the check reads it."""
+
+    def __init__(self, out_fp8, v_descale):
+        self.out_fp8, self.v_descale = out_fp8, v_descale
+
+    def float(self):
+        return self.out_fp8.float() * self.v_descale
+
+
 def _tileattn(dtype_name):
     """Inputs for one tileattn column; "-vT" passes V already K-major (prepare_v untimed)."""
     dtype = TILEATTN_DTYPES[dtype_name.removesuffix("-vT")]
@@ -85,6 +156,11 @@ def providers():
     bf16 = _tileattn("bf16")
     table[("cudnn", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal))
     table[("fa2", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal))
+    try:
+        cudnn_fp8 = _cudnn_fp8()
+        table[("cudnn", "fp8e4m3")] = (_tileattn("fp8e4m3"), lambda q, k, v, causal, **d: cudnn_fp8(q, k, v, causal, **d))
+    except Exception as error:  # noqa: BLE001 - the wheel is optional (see benchmarks/gpu_session.sh)
+        print(f"cudnn-frontend FP8 unavailable: {type(error).__name__}: {error}")
     try:
         flex = _flex()
         table[("flex", "bf16")] = (bf16, lambda q, k, v, causal: flex(q, k, v, causal))
@@ -163,7 +239,7 @@ def format_tables(payload: dict) -> str:
                 continue
             lines.append(f"\nD={head_dim} causal={causal}  (TFLOP/s)")
             lines.append("N".rjust(6) + "".join(f"{i + '-' + d:>16}" for i, d in columns)
-                         + "   tileattn/best-peer bf16, fp8e4m3/bf16 time")
+                         + "   tileattn/best-peer bf16, fp8e4m3/bf16 time, fp8 vs cudnn-fp8")
             for context in sorted({r["N"] for r in here}):
                 cell = {(r["impl"], r["dtype"]): r for r in here if r["N"] == context}
                 text = f"{context:>6}" + "".join(
@@ -171,10 +247,13 @@ def format_tables(payload: dict) -> str:
                 peers = [r["tflops"] for (i, d), r in cell.items() if i != "tileattn" and d == "bf16"]
                 ours = cell.get(("tileattn", "bf16"))
                 fp8 = cell.get(("tileattn", "fp8e4m3"))
+                cudnn_fp8 = cell.get(("cudnn", "fp8e4m3"))
                 if ours and peers:
                     text += f"   {ours['tflops'] / max(peers):.2f}x"
                 if ours and fp8:
                     text += f", {fp8['ms'] / ours['ms']:.2f}"
+                if fp8 and cudnn_fp8:
+                    text += f", fp8 {fp8['tflops'] / cudnn_fp8['tflops']:.2f}x cudnn-fp8"
                 lines.append(text)
     return "\n".join(lines)
 
