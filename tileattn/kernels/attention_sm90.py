@@ -1,0 +1,538 @@
+"""Hopper (sm90) forward attention in Gluon: TMA, mbarrier rings, wgmma, warp specialization.
+
+One persistent program per SM walks a tile list (tileattn.scheduler.prefill_tile_order); a tile
+is BLOCK_M=128 queries of one (batch, query head). Each program is two partitions:
+  * a loader warp that issues TMA copies of Q (one buffer) and of K and V (separate rings of
+    NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
+  * a consumer of two warpgroups (8 warps, 64 query rows each) that runs S = Q K^T and
+    O += P V on wgmma. Its loop is software pipelined one key block deep: S_{j+1} is issued
+    before O += P_j V_j, so the softmax of block j+1 overlaps the tensor cores' P V work.
+P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
+layout and fed to the second GEMM directly.
+
+Softmax is online in base 2 with fp32 statistics; FP8 descales fold into the softmax scale
+(q, k) and into the final normalisation (v). Bottom-right causal masking; sequence tails rely
+on TMA zero-filling rows past seqlen (padded keys are masked to -inf, padded query rows are
+computed and never stored).
+
+Tensor layouts (element strides; every tensor may come from a larger fused buffer):
+    q    [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
+    k    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous
+    v    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous (row-major), or seqlen
+                                                      dim contiguous (K-major; required for FP8:
+                                                      8-bit wgmma reads B only K-major)
+    out  [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
+    lse  [batch, num_q_heads, seqlen_q] float32        natural log, contiguous
+    *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
+TMA sees q, k, v as 4-D [batch, heads, seqlen, head_dim] views (K-major V as [batch, heads,
+head_dim, seqlen]), so every stride but the contiguous one must be a multiple of 16 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..arch import FP8_DTYPES, num_sms
+from ..scheduler import prefill_tile_order
+from .cross_compile import KernelLaunch
+
+BLOCK_M = 128          # two consumer warpgroups x 64 rows (wgmma's M is 64 per warpgroup)
+CONSUMER_WARPS = 8
+LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    block_n: int
+    num_stages: int    # buffers in each of the K and V rings
+
+
+# (head_dim, fp8?) -> config. Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
+# row fits 227 KB (tests/test_sm90_cross_compile.py checks metadata.shared).
+CONFIGS: dict[tuple[int, bool], Sm90Config] = {
+    (64, False): Sm90Config(128, 3),
+    (128, False): Sm90Config(128, 2),
+    (256, False): Sm90Config(64, 2),
+    (64, True): Sm90Config(128, 3),
+    (128, True): Sm90Config(128, 3),
+    (256, True): Sm90Config(64, 3),   # BLOCK_N=128 spills (288 B of stack at 240 registers)
+}
+
+_GL_DTYPES = {
+    torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+    torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5,
+}
+
+
+def _tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte aligned strides for all but the last dim."""
+    size = x.element_size()
+    return x.data_ptr() % 16 == 0 and all(x.stride(d) * size % 16 == 0 for d in dims)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+    """Whether attention_sm90_launch handles these (already validated) inputs."""
+    head_dim = q.shape[3]
+    if q.dtype not in _GL_DTYPES or v.shape[3] != head_dim or (head_dim, False) not in CONFIGS:
+        return False  # Dv != D (e.g. 192/128) and 96/192 run on the portable kernel
+    v_k_major = v.stride(1) == 1 and v.stride(3) != 1
+    if q.dtype in FP8_DTYPES and not v_k_major:
+        return False
+    if not (_tma_ready(q, (0, 1, 2)) and _tma_ready(k, (0, 1, 2))):
+        return False
+    return _tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _tile_coords(tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Decode work item t; return its coordinates and key-block counts (all + unmasked)."""
+    tile = gl.load(tile_ids_ptr + t)
+    m_block = tile % num_m_blocks
+    batch_head = tile // num_m_blocks
+    batch = batch_head // num_q_heads
+    head = batch_head % num_q_heads
+    kv_head = head // gqa_group_size
+    # Query i sees keys j <= i + causal_shift (bottom-right aligned when seqlen_q != seqlen_k).
+    causal_shift = seqlen_k - seqlen_q
+    if CAUSAL:
+        key_end = gl.maximum(gl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_shift), 0)
+        first_row_sees = gl.minimum(m_block * BLOCK_M + causal_shift + 1, seqlen_k)
+        num_full = gl.maximum(first_row_sees, 0) // BLOCK_N
+    else:
+        key_end = seqlen_k
+        num_full = seqlen_k // BLOCK_N
+    num_blocks = gl.cdiv(key_end, BLOCK_N)
+    return m_block, batch, head, kv_head, num_blocks, num_full
+
+
+@gluon.jit
+def _loader_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                      seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                      q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr):
+    kv_count = 0
+    tile_count = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
+            tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
+            BLOCK_M, BLOCK_N, CAUSAL)
+        # Barriers start in phase 0 "not complete"; waiting for parity 1 passes at once, which
+        # lets the producer fill every buffer before the first release.
+        mbarrier.wait(q_empty, (tile_count & 1) ^ 1)
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [batch, head, m_block * BLOCK_M, 0], q_ready, q_smem)
+        for j in range(num_blocks):
+            stage = kv_count % NUM_STAGES
+            phase = (kv_count // NUM_STAGES) & 1
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * BLOCK_N, 0],
+                                            k_ready.index(stage), k_smem.index(stage))
+            mbarrier.wait(v_empty.index(stage), phase ^ 1)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            if V_K_MAJOR:
+                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, 0, j * BLOCK_N],
+                                                v_ready.index(stage), v_smem.index(stage))
+            else:
+                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * BLOCK_N, 0],
+                                                v_ready.index(stage), v_smem.index(stage))
+            kv_count += 1
+        tile_count += 1
+
+
+@gluon.jit
+def _k_operand(k_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """K^T [HEAD_DIM, BLOCK_N] as a K-major view of the [BLOCK_N, HEAD_DIM] tile."""
+    return k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+
+
+@gluon.jit
+def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+               V_K_MAJOR: gl.constexpr):
+    """V [BLOCK_N, HEAD_DIM]: a K-major view of a [HEAD_DIM, BLOCK_N] tile, or the tile itself."""
+    if V_K_MAJOR:
+        return v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+    else:
+        return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+
+
+@gluon.jit
+def _softmax_update(s, m_i, l_i, qk_scale, rows, key_start, seqlen_k, causal_shift,
+                    s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                    MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online softmax of one score block: returns (p, alpha, m_new, l_new)."""
+    if MASKED:
+        cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = gl.expand_dims(cols, 0) < seqlen_k
+        if CAUSAL:
+            visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + causal_shift)
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    if MASKED:
+        # A row that has seen no visible key keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, q_op,
+                       k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                       block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
+                       s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                       MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    for j in range(block_start, block_end):
+        stage = kv_count % NUM_STAGES
+        phase = (kv_count // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM), s_zero,
+                          use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+        acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+                            is_async=True)
+        # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
+        s = warpgroup_mma_wait(1, deps=(s,))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, j * BLOCK_N,
+                                                 seqlen_k, causal_shift, s_layout, BLOCK_N,
+                                                 MASKED, CAUSAL)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(prev_stage), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p = gl.convert_layout(p_f32.to(P_DTYPE), p_layout)
+        prev_stage = stage
+        prev_phase = phase
+        kv_count += 1
+    return acc, p, m_i, l_i, kv_count, prev_stage, prev_phase
+
+
+@gluon.jit
+def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                        seqlen_q, seqlen_k, softmax_scale_log2,
+                        out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                        q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                        stride_q_descale_b, stride_q_descale_h,
+                        stride_k_descale_b, stride_k_descale_h,
+                        stride_v_descale_b, stride_v_descale_h,
+                        q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                        HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
+                        NUM_WARPS: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2 (one more mantissa bit; wgmma
+    # takes mixed FP8 operands).
+    P_DTYPE: gl.constexpr = gl.float8e4nv if dtype == gl.float8e5 else dtype
+    K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
+    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
+    # Warps tile the rows: each warpgroup owns 64 contiguous query rows of the tile.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, INSTR_K])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, INSTR_K])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_WIDTH)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    q_op = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    causal_shift = seqlen_k - seqlen_q
+
+    kv_count = 0
+    tile_count = 0
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
+            tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
+            BLOCK_M, BLOCK_N, CAUSAL)
+        qk_scale = softmax_scale_log2
+        v_scale = 1.0
+        if HAS_DESCALE:
+            qk_scale *= gl.load(q_descale_ptr + batch * stride_q_descale_b + head * stride_q_descale_h)
+            qk_scale *= gl.load(k_descale_ptr + batch * stride_k_descale_b + kv_head * stride_k_descale_h)
+            v_scale = gl.load(v_descale_ptr + batch * stride_v_descale_b + kv_head * stride_v_descale_h)
+        rows = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_ready, tile_count & 1)
+        if num_blocks > 0:
+            # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
+            # once per tile) so that tiles whose first block crosses the diagonal need no branch.
+            stage = kv_count % NUM_STAGES
+            phase = (kv_count // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
+                                                     causal_shift, s_layout, BLOCK_N, True, CAUSAL)
+            p = gl.convert_layout(p_f32.to(P_DTYPE), p_layout)
+            kv_count += 1
+            acc, p, m_i, l_i, kv_count, stage, phase = _attend_key_blocks(
+                acc, p, m_i, l_i, kv_count, stage, phase, q_op,
+                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                1, num_full, qk_scale, rows, seqlen_k, causal_shift,
+                s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+                P_DTYPE, False, CAUSAL)
+            acc, p, m_i, l_i, kv_count, stage, phase = _attend_key_blocks(
+                acc, p, m_i, l_i, kv_count, stage, phase, q_op,
+                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
+                s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+                P_DTYPE, True, CAUSAL)
+            # Q is free once the last S is computed: the loader may fetch the next tile's Q
+            # while the last P V and the epilogue run.
+            mbarrier.arrive(q_empty, count=1)
+            mbarrier.wait(v_ready.index(stage), phase)
+            acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(stage), count=1)
+        else:
+            mbarrier.arrive(q_empty, count=1)
+
+        # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
+        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+        acc = acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout)), 1)
+        out_rows = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        out_ptrs = (out_ptr + batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
+                    + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
+                    + gl.expand_dims(out_cols, 0))
+        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(out_rows < seqlen_q, 1))
+        if RETURN_LSE:
+            lse = gl.where(l_i == 0.0, float("-inf"),
+                           (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+            batch_head = batch * num_q_heads + head
+            gl.store(lse_ptr + batch_head.to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
+        tile_count += 1
+
+
+@gluon.jit
+def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                         seqlen_q, seqlen_k, softmax_scale_log2,
+                         q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                         stride_q_descale_b, stride_q_descale_h,
+                         stride_k_descale_b, stride_k_descale_h,
+                         stride_v_descale_b, stride_v_descale_h,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                         HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
+                         NUM_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
+                                       v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+
+    gl.warp_specialize([
+        (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                               seqlen_q, seqlen_k, softmax_scale_log2,
+                               out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                               q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                               stride_q_descale_b, stride_q_descale_h,
+                               stride_k_descale_b, stride_k_descale_h,
+                               stride_v_descale_b, stride_v_descale_h,
+                               q_smem, k_smem, v_smem,
+                               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                               BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
+                               HAS_DESCALE, RETURN_LSE, NUM_WARPS)),
+        (_loader_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                             seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                             q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)),
+    ], [1], [LOADER_REGS])
+
+
+# Two entry points, one body: ptxas schedules a kernel whose name contains "cutlass"
+# differently; CUTLASS_NAME in the launcher picks which one runs (benchmarks/NOTES.md).
+@gluon.jit
+def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                          seqlen_q, seqlen_k, softmax_scale_log2,
+                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                          q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                          stride_q_descale_b, stride_q_descale_h,
+                          stride_k_descale_b, stride_k_descale_h,
+                          stride_v_descale_b, stride_v_descale_h,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                          HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
+                          NUM_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                         seqlen_q, seqlen_k, softmax_scale_log2,
+                         q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                         stride_q_descale_b, stride_q_descale_h,
+                         stride_k_descale_b, stride_k_descale_h,
+                         stride_v_descale_b, stride_v_descale_h,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
+                         HAS_DESCALE, RETURN_LSE, NUM_WARPS, LOADER_REGS)
+
+
+@gluon.jit
+def attention_sm90_cutlass_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads,
+                                  gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2,
+                                  q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh,
+                                  lse_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                                  stride_q_descale_b, stride_q_descale_h,
+                                  stride_k_descale_b, stride_k_descale_h,
+                                  stride_v_descale_b, stride_v_descale_h,
+                                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                  HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
+                                  CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                                  HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
+                                  NUM_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                         seqlen_q, seqlen_k, softmax_scale_log2,
+                         q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                         stride_q_descale_b, stride_q_descale_h,
+                         stride_k_descale_b, stride_k_descale_h,
+                         stride_v_descale_b, stride_v_descale_h,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
+                         HAS_DESCALE, RETURN_LSE, NUM_WARPS, LOADER_REGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+LOG2_E = 1.4426950408889634
+
+
+class Sm90Launch(KernelLaunch):
+    """Always launched through Triton's JIT: KernelLaunch's cached fast path keys arguments
+    by type only, which cannot tell two tensor descriptors (dtype, block shape) apart."""
+
+    def run(self) -> None:
+        self.kernel[self.grid](**self.args, **self.constexprs, num_warps=self.num_warps)
+# Kernel name choice per precision (the ptxas "cutlass" quirk); see benchmarks/NOTES.md.
+CUTLASS_NAME = {False: False, True: False}
+
+
+def _descriptor(x: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for(block_shape, _GL_DTYPES[x.dtype])
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block_shape, layout)
+
+
+def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
+    if descale is None or descale.dim() == 0:
+        return descale, 0, 0
+    return descale, descale.stride(0), descale.stride(1)
+
+
+def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
+                          softmax_scale: float, causal: bool, *, cutlass_name: bool | None = None,
+                          config: Sm90Config | None = None, num_programs: int | None = None
+                          ) -> KernelLaunch:
+    """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    is_fp8 = q.dtype in FP8_DTYPES
+    config = config or CONFIGS[(head_dim, is_fp8)]
+    if cutlass_name is None:
+        cutlass_name = CUTLASS_NAME[is_fp8]
+    v_k_major = v.stride(1) == 1 and v.stride(3) != 1
+    block_n = config.block_n
+
+    # [batch, heads, seqlen, head_dim] views, so that TMA zero-fills past each sequence's end.
+    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, BLOCK_M, head_dim])
+    k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
+    if v_k_major:
+        v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, head_dim, block_n])
+    else:
+        v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
+
+    num_m_blocks = -(-seqlen_q // BLOCK_M)
+    programs = num_programs or num_sms(q.device)
+    tile_ids = prefill_tile_order(num_m_blocks, batch * num_q_heads, causal, programs, q.device)
+    num_tiles = tile_ids.numel()
+    q_descale, sqb, sqh = _descale_args(q_descale)
+    k_descale, skb, skh = _descale_args(k_descale)
+    v_descale, svb, svh = _descale_args(v_descale)
+    args = dict(
+        tile_ids_ptr=tile_ids, num_tiles=num_tiles, num_m_blocks=num_m_blocks,
+        num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
+        seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale_log2=softmax_scale * LOG2_E,
+        q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
+        out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
+        lse_ptr=lse, q_descale_ptr=q_descale, k_descale_ptr=k_descale, v_descale_ptr=v_descale,
+        stride_q_descale_b=sqb, stride_q_descale_h=sqh,
+        stride_k_descale_b=skb, stride_k_descale_h=skh,
+        stride_v_descale_b=svb, stride_v_descale_h=svh,
+    )
+    constexprs = dict(
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=config.num_stages,
+        CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
+        NUM_WARPS=CONSUMER_WARPS, LOADER_REGS=LOADER_REGS,
+    )
+    kernel = attention_sm90_cutlass_kernel if cutlass_name else attention_sm90_kernel
+    return Sm90Launch(kernel, (min(programs, num_tiles),), args, constexprs, CONSUMER_WARPS, 1)
+
+
+def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):
+    """Compile a launch of this Gluon kernel without a GPU; returns triton's CompiledKernel
+    (.asm["ptx"], .asm["cubin"], .metadata.shared). Needs TRITON_INTERPRET unset.
+
+    Argument types come from Triton's own specializer, so tensor descriptors and divisibility
+    hints are exactly what a launch on the device would compile.
+    """
+    import triton
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    target = GPUTarget("cuda", capability, 32)
+    backend = CUDABackend(target)
+    signature, constexprs, attrs = {}, {}, {}
+    for index, name in enumerate(launch.kernel.arg_names):
+        value = launch.constexprs[name] if name in launch.constexprs else launch.args[name]
+        if name in launch.constexprs or value is None:
+            signature[name] = "constexpr"
+            constexprs[(index,)] = value
+            continue
+        kind, attr = native_specialize_impl(CUDABackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constexprs[(index,)] = value
+        if isinstance(attr, str):
+            attrs[(index,)] = backend.parse_attr(attr)
+    source = GluonASTSource(launch.kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=target, options={"num_warps": launch.num_warps})
