@@ -155,3 +155,182 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
         attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                        softmax_scale, causal, arch).run()
     return (out, lse) if return_lse else out
+
+
+# ---- mla_decode() / mla_plan() ----------------------------------------------------------------
+
+from . import scheduler  # noqa: E402  (this section is appended; see the note above it)
+from .arch import num_sms  # noqa: E402
+from .kernels import mla_decode as mla_kernels  # noqa: E402
+
+MLA_NUM_HEADS = (16, 32, 64, 128)
+MLA_MAX_Q_LEN = 4
+MLA_Q_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_mla_shape(num_heads, q_len, page_size) -> None:
+    if num_heads not in MLA_NUM_HEADS:
+        raise ValueError(f"num_heads must be one of {MLA_NUM_HEADS}, got {num_heads}")
+    if not (isinstance(q_len, int) and 1 <= q_len <= MLA_MAX_Q_LEN):
+        raise ValueError(f"q_len must be an int in 1..{MLA_MAX_Q_LEN}, got {q_len!r}")
+    if not (isinstance(page_size, int) and page_size >= 1):
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+
+
+def _check_seq_lens(seq_lens, batch: int | None = None) -> None:
+    check_tensor("seq_lens", seq_lens, 1)
+    if seq_lens.dtype != torch.int32:
+        raise TypeError(f"seq_lens must be int32, got {seq_lens.dtype}")
+    if batch is not None and seq_lens.shape[0] != batch:
+        raise ValueError(f"seq_lens must have one entry per sequence ({batch}), got {seq_lens.shape[0]}")
+
+
+def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, schedule=None):
+    """The split-KV plan for one batch layout: work items and workspace for mla_decode.
+
+    Reads seq_lens once (a host synchronisation), so make it outside a CUDA graph and reuse it
+    for every layer of the step. schedule picks the config knob ("split_dv" or "dup_qk", see
+    tileattn/kernels/mla_decode.py); None takes the chip's default.
+    """
+    _check_seq_lens(seq_lens)
+    _check_mla_shape(num_heads, q_len, page_size)
+    if kv_dtype not in MLA_Q_DTYPES + (torch.float8_e4m3fn,):
+        raise TypeError(f"kv_dtype must be float16, bfloat16 or float8_e4m3fn, got {kv_dtype}")
+    if schedule is not None and schedule not in mla_kernels.SCHEDULES:
+        raise ValueError(f"schedule must be one of {mla_kernels.SCHEDULES} or None, got {schedule!r}")
+    device = torch.device(device)
+    lengths = seq_lens.tolist()
+    shortest = min(lengths)
+    if shortest < q_len:
+        raise ValueError(f"every seq_lens entry must be >= q_len ({q_len}) since the q_len new "
+                         f"tokens are in the cache, got seq_lens[{lengths.index(shortest)}] = {shortest}")
+    config = mla_kernels.config_for(arch_of(device), schedule)
+    num_rows = num_heads * q_len
+    return scheduler.make_mla_plan(
+        lengths, num_heads=num_heads, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype,
+        head_dim_v=mla_kernels.HEAD_DIM_NOPE,
+        programs_per_item=mla_kernels.programs_per_work_item(config, num_rows),
+        num_sms=num_sms(device), block_n=config.block_n, min_chunk=config.min_chunk,
+        device=device, config=config)
+
+
+def _check_mla_inputs(q, kv_cache, page_table, seq_lens, softmax_scale, kv_descale) -> None:
+    check_tensor("q", q, 4)
+    check_tensor("kv_cache", kv_cache, 3)
+    check_tensor("page_table", page_table, 2)
+    batch, q_len, num_heads, head_dim = q.shape
+    _check_seq_lens(seq_lens, batch)
+    if q.dtype not in MLA_Q_DTYPES:
+        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
+        raise TypeError(f"kv_cache must have q's dtype ({q.dtype}) or be float8_e4m3fn, "
+                        f"got {kv_cache.dtype}")
+    if page_table.dtype != torch.int32:
+        raise TypeError(f"page_table must be int32, got {page_table.dtype}")
+    for name, dim in (("q", head_dim), ("kv_cache", kv_cache.shape[2])):
+        if dim != mla_kernels.HEAD_DIM_QK:
+            raise ValueError(f"{name}'s last dim must be {mla_kernels.HEAD_DIM_QK} "
+                             f"(512 latent + 64 rope), got {dim}")
+    _check_mla_shape(num_heads, q_len, kv_cache.shape[1])
+    if page_table.shape[0] != batch:
+        raise ValueError(f"page_table must have one row per sequence ({batch}), got {page_table.shape[0]}")
+    for name, x in (("q", q), ("kv_cache", kv_cache), ("page_table", page_table)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {x.stride()}")
+    if kv_descale is not None and kv_cache.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"kv_descale applies only to a float8_e4m3fn kv_cache, got it with {kv_cache.dtype}")
+    check_descale("kv_descale", kv_descale, batch, 1)
+    if kv_descale is not None and kv_descale.dim() != 0:
+        raise ValueError(f"kv_descale must be a scalar (shape []), got {tuple(kv_descale.shape)}")
+    check_same_device(q=q, kv_cache=kv_cache, page_table=page_table, seq_lens=seq_lens,
+                      kv_descale=kv_descale)
+    if not (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+            and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite float, got {softmax_scale!r}")
+
+
+def _check_mla_plan(plan, q, kv_cache) -> None:
+    if not isinstance(plan, scheduler.MLAPlan):
+        raise TypeError(f"plan must come from tileattn.mla_plan, got {type(plan).__name__}")
+    batch, q_len, num_heads, _ = q.shape
+    made_for = (plan.batch, plan.q_len, plan.num_heads, plan.page_size, plan.kv_dtype)
+    given = (batch, q_len, num_heads, kv_cache.shape[1], kv_cache.dtype)
+    if made_for != given:
+        raise ValueError("plan was made for (batch, q_len, num_heads, page_size, kv_dtype) = "
+                         f"{made_for}, but the inputs have {given}")
+    if plan.work.device != q.device:
+        raise ValueError(f"plan is on {plan.work.device} but q is on {q.device}")
+
+
+def _check_pages(page_table, seq_lens, num_pages: int, page_size: int) -> None:
+    """Every page a sequence uses must exist. Reads the tensors on the host (synchronises)."""
+    max_pages = page_table.shape[1]
+    longest = int(seq_lens.max())
+    if longest > max_pages * page_size:
+        raise ValueError(f"seq_lens up to {longest} exceed page_table's capacity "
+                         f"{max_pages} pages x {page_size} = {max_pages * page_size}")
+    pages_used = (seq_lens.long() + page_size - 1) // page_size
+    used = torch.arange(max_pages, device=page_table.device)[None, :] < pages_used[:, None]
+    bad = used & ((page_table < 0) | (page_table >= num_pages))
+    if bool(bad.any()):
+        b, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"page_table[{b}, {column}] = {int(page_table[b, column])} is not a page "
+                         f"of kv_cache (0..{num_pages - 1})")
+
+
+def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=None, plan=None,
+               return_lse=False, validate=False):
+    """DeepSeek MLA decode over a paged latent KV cache.
+
+    q [B, q_len, H, 576] fp16/bf16 with H in {16, 32, 64, 128} and q_len in 1..4 (speculative
+    decoding: token j sees the first seq_len - q_len + 1 + j keys); kv_cache
+    [num_pages, page_size, 576] in q's dtype or float8_e4m3fn (then kv_descale, a float32
+    scalar, defaults to 1.0), whose first 512 columns are also V; page_table int32
+    [B, max_pages]; seq_lens int32 [B] (keys per sequence, the q_len new tokens included).
+    Returns out [B, q_len, H, 512] in q's dtype, and with return_lse=True also lse float32
+    [B, q_len, H] (natural log).
+
+    Without a plan, one is made here (host sync, allocation) and page ids are checked. With a
+    plan (tileattn.mla_plan, from these seq_lens) nothing synchronises or allocates besides
+    out/lse, so the call can be captured in a CUDA graph; page ids are then trusted unless
+    validate=True (which synchronises).
+    """
+    _check_mla_inputs(q, kv_cache, page_table, seq_lens, softmax_scale, kv_descale)
+    batch, q_len, num_heads, _ = q.shape
+    page_size = kv_cache.shape[1]
+    if plan is None or validate:
+        _check_pages(page_table, seq_lens, kv_cache.shape[0], page_size)
+    if plan is None:
+        plan = mla_plan(seq_lens, num_heads=num_heads, q_len=q_len, page_size=page_size,
+                        kv_dtype=kv_cache.dtype, device=q.device)
+    _check_mla_plan(plan, q, kv_cache)
+    if plan.max_seq_len > page_table.shape[1] * page_size:
+        raise ValueError(f"seq_lens up to {plan.max_seq_len} (from the plan) exceed page_table's "
+                         f"capacity {page_table.shape[1]} pages x {page_size}")
+    if validate and seq_lens.tolist() != _plan_seq_lens(plan):
+        raise ValueError("plan was made from different seq_lens than the ones given")
+
+    if q.device.type == "cpu" and not interpreter_active():
+        out, lse = reference.mla_decode_reference(q, kv_cache, page_table, seq_lens,
+                                                  softmax_scale=softmax_scale, kv_descale=kv_descale)
+        out, lse = out.to(q.dtype), lse.to(torch.float32)
+        return (out, lse) if return_lse else out
+
+    out = torch.empty((batch, q_len, num_heads, mla_kernels.HEAD_DIM_NOPE), dtype=q.dtype,
+                      device=q.device)
+    # The kernels always write the LSE: the combine needs it and it is 2 KB per 512 outputs.
+    lse = torch.empty((batch, q_len, num_heads), dtype=torch.float32, device=q.device)
+    with on_device(q.device):
+        for launch in mla_kernels.mla_decode_launches(q, kv_cache, page_table, seq_lens,
+                                                      kv_descale, out, lse, plan, softmax_scale,
+                                                      arch_of(q.device)):
+            launch.run()
+    return (out, lse) if return_lse else out
+
+
+def _plan_seq_lens(plan) -> list[int]:
+    """Per-sequence lengths a plan was made from (its work items' largest kv_end)."""
+    lengths = [0] * plan.batch
+    for b, _, end, _ in plan.work.tolist():
+        lengths[b] = max(lengths[b], end)
+    return lengths

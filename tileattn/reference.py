@@ -51,3 +51,31 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None,
         outs.append(torch.einsum("bhqk,bkhd->bqhd", probs, v))
         lses.append(lse)
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+def mla_decode_reference(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=None):
+    """Exact MLA decode in fp64 over a paged latent cache. Returns (out [B, q_len, H, 512],
+    lse [B, q_len, H]), both fp64.
+
+    Keys are kv rows [:576] gathered through page_table, values their first 512 columns.
+    Token j of q_len sees the first seq_len - q_len + 1 + j keys.
+    """
+    batch, q_len, num_heads, _ = q.shape
+    page_size = kv_cache.shape[1]
+    head_dim_v = 512
+    out = torch.zeros(batch, q_len, num_heads, head_dim_v, dtype=torch.float64, device=q.device)
+    lse = torch.empty(batch, q_len, num_heads, dtype=torch.float64, device=q.device)
+    scale = 1.0 if kv_descale is None else float(kv_descale)
+    for b in range(batch):
+        seq_len = int(seq_lens[b])
+        tokens = torch.arange(seq_len, device=q.device)
+        pages = page_table[b].long()[tokens // page_size]
+        kv = kv_cache[pages, tokens % page_size].to(torch.float32).to(torch.float64) * scale
+        qb = q[b].to(torch.float32).to(torch.float64)              # [q_len, H, 576]
+        scores = torch.einsum("shd,kd->shk", qb, kv) * softmax_scale
+        limits = seq_len - q_len + 1 + torch.arange(q_len, device=q.device)
+        hidden = tokens[None, :] >= limits[:, None]                # [q_len, seq_len]
+        scores = scores.masked_fill(hidden[:, None, :], float("-inf"))
+        lse[b] = torch.logsumexp(scores, dim=-1)
+        out[b] = torch.einsum("shk,kd->shd", torch.exp(scores - lse[b][..., None]), kv[:, :head_dim_v])
+    return out, lse

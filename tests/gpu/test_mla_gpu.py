@@ -1,0 +1,111 @@
+"""mla_decode() on a real GPU: bf16 (the interpreter cannot test it), real head counts, long
+mixed-length batches, FP8 caches, both schedules, and CUDA-graph capture + replay. Skipped on
+machines without CUDA; run through the device tool."""
+
+import pytest
+import torch
+
+import tileattn
+from tileattn.reference import mla_decode_reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Relative L2 error bound against the fp64 reference on the same (quantized) cache. bf16 output
+# rounding alone is ~4e-3; P is rounded to bf16 before P@V. An FP8 cache is exact once widened
+# (the reference reads the same e4m3 values), so it shares q's bound.
+TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+LSE_TOLERANCE = 1e-3
+SCALE = 1.0 / 192 ** 0.5
+
+
+def make_inputs(seq_lens, num_heads, q_len, page_size, q_dtype, kv_dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    batch = len(seq_lens)
+    max_pages = max(-(-s // page_size) for s in seq_lens) + 2
+    num_pages = batch * max_pages + 5
+    kv = torch.randn(num_pages, page_size, 576, device="cuda", generator=gen)
+    page_table = torch.randperm(num_pages, device="cuda", generator=gen)[: batch * max_pages]
+    page_table = page_table.reshape(batch, max_pages).to(torch.int32)
+    q = torch.randn(batch, q_len, num_heads, 576, device="cuda", generator=gen).to(q_dtype)
+    descale = None
+    if kv_dtype == torch.float8_e4m3fn:
+        descale = torch.tensor(0.01, device="cuda")
+        kv = (kv / descale).to(kv_dtype)
+    else:
+        kv = kv.to(kv_dtype)
+    return q, kv, page_table, torch.tensor(seq_lens, dtype=torch.int32, device="cuda"), descale
+
+
+def check(out, lse, q, kv, page_table, seq_lens, descale):
+    ref, ref_lse = mla_decode_reference(q, kv, page_table, seq_lens, softmax_scale=SCALE,
+                                        kv_descale=descale)
+    assert torch.isfinite(out).all()
+    error = float((out.double() - ref).norm() / ref.norm())
+    assert error < TOLERANCE[q.dtype], error
+    assert float(((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max()) < LSE_TOLERANCE
+
+
+SEQ_LENS = [1, 4, 1000, 4097, 8192, 64]
+
+
+@pytest.mark.parametrize("schedule", ["split_dv", "dup_qk"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("num_heads", [16, 128])
+def test_real_sizes(num_heads, q_len, page_size, kv_dtype, schedule):
+    inputs = make_inputs(SEQ_LENS, num_heads, q_len, page_size, torch.bfloat16, kv_dtype)
+    q, kv, page_table, seq_lens, descale = inputs
+    plan = tileattn.mla_plan(seq_lens, num_heads=num_heads, q_len=q_len, page_size=page_size,
+                             kv_dtype=kv.dtype, device="cuda", schedule=schedule)
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE,
+                                   kv_descale=descale, plan=plan, return_lse=True)
+    check(out, lse, *inputs)
+
+
+@pytest.mark.parametrize("num_heads,q_len", [(32, 2), (64, 3)])
+def test_fp16_and_odd_rows_without_plan(num_heads, q_len):
+    inputs = make_inputs([5, 3000, 17], num_heads, q_len, 16, torch.float16, torch.float16)
+    q, kv, page_table, seq_lens, descale = inputs
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE,
+                                   return_lse=True)
+    check(out, lse, *inputs)
+
+
+def test_single_long_sequence_splits_across_sms():
+    inputs = make_inputs([32768], 16, 1, 64, torch.bfloat16, torch.bfloat16)
+    q, kv, page_table, seq_lens, descale = inputs
+    plan = tileattn.mla_plan(seq_lens, num_heads=16, page_size=64, kv_dtype=kv.dtype, device="cuda")
+    assert plan.num_work > 64
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
+                                   return_lse=True)
+    check(out, lse, *inputs)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+def test_cuda_graph_capture_and_replay_with_new_data(kv_dtype):
+    q, kv, page_table, seq_lens, descale = make_inputs([1, 700, 5000, 33], 64, 2, 16,
+                                                       torch.bfloat16, kv_dtype)
+    plan = tileattn.mla_plan(seq_lens, num_heads=64, q_len=2, page_size=16, kv_dtype=kv.dtype,
+                             device="cuda")
+    assert plan.num_slots > 0, "the graph must include the combine step"
+    call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE,
+                                       kv_descale=descale, plan=plan, return_lse=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()   # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for seed in (1, 2):
+        new = make_inputs([1, 700, 5000, 33], 64, 2, 16, torch.bfloat16, kv_dtype, seed=seed)
+        q.copy_(new[0])
+        kv.copy_(new[1])
+        page_table.copy_(new[2])
+        if descale is not None:
+            descale.copy_(new[4] * seed)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, q, kv, page_table, seq_lens, descale)

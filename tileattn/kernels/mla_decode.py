@@ -1,0 +1,364 @@
+"""MLA decode (DeepSeek multi-head latent attention) over a paged latent KV cache.
+
+Every head attends to one shared latent cache row per token: 576 columns, of which the first
+512 ("nope") are both the key's main part and the value, and the last 64 the rotary part. So
+QK^T = q_nope · kv[:, :512]^T + q_pe · kv[:, 512:]^T (two dots of power-of-two width) and
+P @ V uses kv[:, :512] again. Since every head reads the same rows, the q_len tokens × heads
+of one sequence are folded into the M dimension of the MMA: one KV tile loaded from HBM feeds
+heads·q_len rows, which is what makes 128 heads compute-bound rather than bandwidth-bound.
+
+Two kernels:
+  * mla_decode_partial_kernel — one program per (work item, block of rows, V column chunk).
+    A work item is a contiguous chunk of one sequence's keys from the split-KV plan
+    (tileattn.scheduler). A sequence with one chunk writes the final output and LSE directly;
+    otherwise the chunk's normalised output and LSE go to an fp32 workspace slot.
+  * mla_decode_combine_kernel — merges a sequence's slots by their LSEs.
+
+Pointer layouts (element strides):
+    q             [batch, q_len, num_heads, 576]    last dim contiguous; row r of a program's
+                                                    M block is token r // num_heads, head r % num_heads
+    kv            [num_pages, page_size, 576]       last dim contiguous; fp16/bf16 like q, or e4m3
+    page_table    int32 [batch, max_pages]          row stride stride_page_table_b, column stride 1
+    seq_lens      int32 [batch]                     contiguous
+    work          int32 [num_work, 4]               contiguous rows (batch, kv_start, kv_end, slot)
+    kv_descale    float32 scalar                    only read when HAS_DESCALE
+    out           [batch, q_len, num_heads, 512]    last dim contiguous
+    lse           float32 [batch, q_len, num_heads] contiguous, natural log
+    partial_out   float32 [num_slots, num_rows, 512] contiguous (num_rows = q_len · num_heads)
+    partial_lse   float32 [num_slots, num_rows]     contiguous, natural log
+    batch_slots   int32 [batch + 1]                 sequence b owns slots [batch_slots[b], batch_slots[b+1])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..arch import Arch
+from .cross_compile import KernelLaunch
+
+HEAD_DIM_NOPE = 512   # latent width; also V's width
+HEAD_DIM_ROPE = 64
+HEAD_DIM_QK = HEAD_DIM_NOPE + HEAD_DIM_ROPE
+LOG2_E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    schedule: str      # "split_dv" or "dup_qk", see the table comment
+    block_m: int       # rows (token × head pairs) per program, at most; fewer when H·q_len is small
+    block_n: int       # KV tokens per tile
+    dv_chunks: int     # programs sharing one row block, each owning 512 / dv_chunks V columns
+    num_warps: int
+    num_stages: int
+    min_chunk: int     # fewest keys per split-KV work item (a smaller item's q load and partial
+                       # write cost more than its keys)
+
+
+# (arch, schedule) -> config. Each row must fit the chip's shared memory with both a 16-bit and
+# an FP8 cache; tests/test_mla_cross_compile.py compiles every row for its target.
+#
+# The schedule knob is the Triton rendering of the two schedules that matter on chips with
+# little shared memory:
+#   "split_dv": one program computes QK^T once for its block of rows and applies P to all 512
+#     V columns. In CUDA this is the "split QK across warps and exchange P through shared
+#     memory" schedule: the whole program shares one P, and the 64×512 fp32 accumulator is
+#     spread over all its warps. Cost: the largest accumulator and the P exchange.
+#   "dup_qk": the 512 V columns are split across dv_chunks programs, and each recomputes QK^T
+#     for itself (no P exchange, half the accumulator per program). Cost: QK^T FLOPs and the
+#     KV tile's L2 traffic are paid dv_chunks times (the second read usually hits L2).
+# sm89 has 99 KB: a [block_m, 576] q plus one [block_n, 576] KV tile must fit with one stage.
+CONFIGS: dict[tuple[str, str], MLAConfig] = {
+    ("sm90", "split_dv"): MLAConfig("split_dv", 64, 32, 1, 8, 2, 128),
+    ("sm90", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
+    ("sm80", "split_dv"): MLAConfig("split_dv", 64, 32, 1, 8, 2, 128),
+    ("sm80", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
+    ("sm89", "split_dv"): MLAConfig("split_dv", 32, 16, 1, 4, 1, 128),
+    ("sm89", "dup_qk"): MLAConfig("dup_qk", 32, 16, 2, 4, 1, 128),
+    # The interpreter: small tiles so short test sequences still span several tiles and splits.
+    ("cpu", "split_dv"): MLAConfig("split_dv", 16, 16, 1, 4, 1, 16),
+    ("cpu", "dup_qk"): MLAConfig("dup_qk", 16, 16, 2, 4, 1, 16),
+}
+DEFAULT_SCHEDULE = {"sm90": "split_dv", "sm80": "split_dv", "sm89": "dup_qk", "cpu": "split_dv"}
+# Chips whose rows are another chip's: same shared memory and MMA generation.
+_SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
+                    "rocm": "sm80"}
+SCHEDULES = ("split_dv", "dup_qk")
+
+
+def config_for(arch: Arch, schedule: str | None = None) -> MLAConfig:
+    name = _SAME_CONFIGS_AS.get(arch.name, arch.name)
+    return CONFIGS[(name, schedule or DEFAULT_SCHEDULE[name])]
+
+
+def rows_per_program(config: MLAConfig, num_rows: int) -> int:
+    """BLOCK_M for H·q_len rows: the config's, or the smallest MMA-sized power of two above."""
+    return min(config.block_m, max(16, 1 << (num_rows - 1).bit_length()))
+
+
+def programs_per_work_item(config: MLAConfig, num_rows: int) -> int:
+    return -(-num_rows // rows_per_program(config, num_rows)) * config.dv_chunks
+
+
+@triton.jit
+def _widen(kv, dtype: tl.constexpr, KV_WIDEN: tl.constexpr):
+    """A KV tile in q's dtype. KV_WIDEN says how an FP8 cache is widened (see kv_widen_mode).
+
+    "bytes": Triton has no e4m3 type for sm80 (no FP8 hardware there), so the cache arrives as
+    uint8 and its sign, exponent and mantissa are moved into an fp32 by hand; e4m3's exponent
+    bias is 7 against fp32's 127, hence the exact ×2^120. Subnormal e4m3 become fp32
+    subnormals, which the multiply keeps (Triton does not flush to zero by default).
+    """
+    if KV_WIDEN == "via_f32":
+        return kv.to(tl.float32).to(dtype)
+    if KV_WIDEN == "bytes":
+        bits = kv.to(tl.int32)
+        widened = (((bits & 0x80) << 24) | ((bits & 0x7F) << 20)).to(tl.float32, bitcast=True)
+        return (widened * 1.329227995784916e36).to(dtype)
+    return kv.to(dtype)
+
+
+@triton.jit
+def _attend_kv_tiles(
+    acc, l_i, m_i, q_nope, q_pe,
+    kv_ptr, page_table_row, stride_kv_page, stride_kv_row, page_size,
+    tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset,
+    BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr, MASKED: tl.constexpr,
+    KV_WIDEN: tl.constexpr,
+):
+    """Online-softmax update of (acc, l_i, m_i) over KV tokens [tile_start, tile_end)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_nope = tl.arange(0, 512)
+    offs_rope = 512 + tl.arange(0, 64)
+    offs_v = dv_offset + tl.arange(0, DV_BLOCK)
+    for start_n in tl.range(tile_start, tile_end, BLOCK_N):
+        token = start_n + offs_n
+        # Any page_size works: each token finds its own page. Tokens of one page are adjacent
+        # rows, so a tile inside one page is one contiguous block of memory.
+        if MASKED:
+            in_range = token < kv_end
+            page = tl.load(page_table_row + token // page_size, mask=in_range, other=0)
+        else:
+            page = tl.load(page_table_row + token // page_size)
+        row_ptrs = kv_ptr + page.to(tl.int64) * stride_kv_page + (token % page_size).to(tl.int64) * stride_kv_row
+        if MASKED:
+            kv_nope = tl.load(row_ptrs[:, None] + offs_nope[None, :], mask=in_range[:, None], other=0.0)
+            kv_rope = tl.load(row_ptrs[:, None] + offs_rope[None, :], mask=in_range[:, None], other=0.0)
+        else:
+            kv_nope = tl.load(row_ptrs[:, None] + offs_nope[None, :])
+            kv_rope = tl.load(row_ptrs[:, None] + offs_rope[None, :])
+        # An FP8 cache is read as FP8 (half the HBM bytes) and widened to q's dtype in
+        # registers; its descale lives in qk_scale and in the final normalisation.
+        kv_nope = _widen(kv_nope, q_nope.dtype, KV_WIDEN)
+        kv_rope = _widen(kv_rope, q_nope.dtype, KV_WIDEN)
+        qk = tl.dot(q_nope, tl.trans(kv_nope))
+        qk = tl.dot(q_pe, tl.trans(kv_rope), qk)
+        if MASKED:
+            # key_limit already stops at the sequence end; in_range also guards the chunk end.
+            visible = in_range[None, :] & (token[None, :] < key_limit[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED:
+            # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so
+            # exp2 gives 0 rather than NaN.
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        p = tl.math.exp2(qk * qk_scale - m_new_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_new_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if DV_BLOCK == 512:
+            v = kv_nope   # split_dv: V is the tile already loaded for QK^T
+        else:
+            # dup_qk: this program owns a slice of V's columns; re-reading them (L1/L2 hits)
+            # is cheaper than slicing a register tile, which Triton cannot do.
+            if MASKED:
+                v = tl.load(row_ptrs[:, None] + offs_v[None, :], mask=in_range[:, None], other=0.0)
+            else:
+                v = tl.load(row_ptrs[:, None] + offs_v[None, :])
+            v = _widen(v, q_nope.dtype, KV_WIDEN)
+        acc = tl.dot(p.to(q_nope.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def mla_decode_partial_kernel(
+    q_ptr, kv_ptr, page_table_ptr, seq_lens_ptr, work_ptr, kv_descale_ptr,
+    out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kv_page, stride_kv_row, stride_page_table_b,
+    stride_ob, stride_os, stride_oh,
+    num_heads, q_len, page_size, num_rows,
+    softmax_scale_log2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
+    HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr,
+):
+    work_id = tl.program_id(0)
+    row_block = tl.program_id(1)
+    dv_offset = tl.program_id(2) * DV_BLOCK
+    batch = tl.load(work_ptr + work_id * 4)
+    kv_start = tl.load(work_ptr + work_id * 4 + 1)
+    kv_end = tl.load(work_ptr + work_id * 4 + 2)
+    slot = tl.load(work_ptr + work_id * 4 + 3)
+    seq_len = tl.load(seq_lens_ptr + batch)
+
+    offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = offs_m < num_rows
+    token = offs_m // num_heads
+    head = offs_m % num_heads
+    q_rows = (q_ptr + batch.to(tl.int64) * stride_qb + token.to(tl.int64) * stride_qs
+              + head.to(tl.int64) * stride_qh)
+    q_nope = tl.load(q_rows[:, None] + tl.arange(0, 512)[None, :], mask=row_valid[:, None], other=0.0)
+    q_pe = tl.load(q_rows[:, None] + 512 + tl.arange(0, 64)[None, :], mask=row_valid[:, None], other=0.0)
+
+    qk_scale = softmax_scale_log2
+    v_scale = 1.0
+    if HAS_DESCALE:
+        kv_descale = tl.load(kv_descale_ptr)
+        qk_scale *= kv_descale
+        v_scale = kv_descale
+
+    # Speculative decoding: token j of q_len sees the first seq_len - q_len + 1 + j keys.
+    first_limit = seq_len - q_len + 1
+    key_limit = first_limit + token
+    # Tiles below full_end are visible to every row and inside the chunk: no masks there.
+    full_end = tl.maximum(tl.minimum(kv_end, first_limit), kv_start)
+    full_end = kv_start + (full_end - kv_start) // BLOCK_N * BLOCK_N
+
+    page_table_row = page_table_ptr + batch.to(tl.int64) * stride_page_table_b
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_BLOCK], dtype=tl.float32)
+    acc, l_i, m_i = _attend_kv_tiles(
+        acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
+        page_size, kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
+        BLOCK_N, DV_BLOCK, False, KV_WIDEN)
+    acc, l_i, m_i = _attend_kv_tiles(
+        acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
+        page_size, full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
+        BLOCK_N, DV_BLOCK, True, KV_WIDEN)
+
+    # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
+    # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc * (v_scale / l_safe)[:, None]
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    offs_v = dv_offset + tl.arange(0, DV_BLOCK)
+    if slot < 0:
+        out_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + token.to(tl.int64)[:, None] * stride_os
+                    + head.to(tl.int64)[:, None] * stride_oh + offs_v[None, :])
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+        if dv_offset == 0:
+            tl.store(lse_ptr + batch.to(tl.int64) * num_rows + offs_m, lse, mask=row_valid)
+    else:
+        slot_rows = slot.to(tl.int64) * num_rows + offs_m
+        tl.store(partial_out_ptr + slot_rows[:, None] * 512 + offs_v[None, :], acc,
+                 mask=row_valid[:, None])
+        if dv_offset == 0:
+            tl.store(partial_lse_ptr + slot_rows, lse, mask=row_valid)
+
+
+@triton.jit
+def mla_decode_combine_kernel(
+    partial_out_ptr, partial_lse_ptr, batch_slots_ptr, out_ptr, lse_ptr,
+    stride_ob, stride_os, stride_oh,
+    num_heads, num_rows,
+    BLOCK_R: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    slot_start = tl.load(batch_slots_ptr + batch)
+    slot_end = tl.load(batch_slots_ptr + batch + 1)
+    # Sequences with a single work item were written by the partial kernel already.
+    if slot_end > slot_start:
+        offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        row_valid = offs_r < num_rows
+        offs_d = tl.arange(0, 512)
+        m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, 512], dtype=tl.float32)
+        for slot in range(slot_start, slot_end):
+            # slot · num_rows fits int32; the ×512 below needs int64.
+            slot_rows = offs_r.to(tl.int64) + slot * num_rows
+            lse_s = tl.load(partial_lse_ptr + slot_rows, mask=row_valid, other=float("-inf"))
+            out_s = tl.load(partial_out_ptr + slot_rows[:, None] * 512 + offs_d[None, :],
+                            mask=row_valid[:, None], other=0.0)
+            m_new = tl.maximum(m_i, lse_s)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            weight = tl.exp(lse_s - m_safe)
+            acc = acc * alpha[:, None] + out_s * weight[:, None]
+            l_i = l_i * alpha + weight
+            m_i = m_new
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        token = offs_r // num_heads
+        head = offs_r % num_heads
+        out_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + token.to(tl.int64)[:, None] * stride_os
+                    + head.to(tl.int64)[:, None] * stride_oh + offs_d[None, :])
+        tl.store(out_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_valid[:, None])
+        tl.store(lse_ptr + batch.to(tl.int64) * num_rows + offs_r, m_i + tl.log(l_safe),
+                 mask=row_valid)
+
+
+COMBINE_ROWS = 16
+
+
+def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
+    """How the kernel turns an FP8 cache tile into q's dtype on this chip.
+
+    sm80 has no e4m3 type in Triton at all ("bytes", decoded by hand). On sm89 Triton widens
+    e4m3 to bf16 through f16 and a cvt.bf16.f16 that only sm90 has, so bf16 goes through fp32
+    there ("via_f32"). Elsewhere the compiler's own conversion ("direct").
+    """
+    if kv_dtype != torch.float8_e4m3fn:
+        return "direct"
+    if not arch.has_fp8_mma:
+        return "bytes"
+    if not arch.has_wgmma and arch.name != "cpu" and q_dtype == torch.bfloat16:
+        return "via_f32"
+    return "direct"
+
+
+def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
+                        softmax_scale: float, arch: Arch) -> list[KernelLaunch]:
+    """The launches for checked inputs and a matching plan; running them in order writes
+    `out` and `lse`. No host synchronisation, no allocation: the plan owns the workspace."""
+    batch, q_len, num_heads, _ = q.shape
+    kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
+    if kv_widen == "bytes":
+        kv_cache = kv_cache.view(torch.uint8)
+    config = plan.config
+    num_rows = q_len * num_heads
+    block_m = rows_per_program(config, num_rows)
+    args = dict(
+        q_ptr=q, kv_ptr=kv_cache, page_table_ptr=page_table, seq_lens_ptr=seq_lens,
+        work_ptr=plan.work, kv_descale_ptr=kv_descale, out_ptr=out, lse_ptr=lse,
+        partial_out_ptr=plan.partial_out, partial_lse_ptr=plan.partial_lse,
+        stride_qb=q.stride(0), stride_qs=q.stride(1), stride_qh=q.stride(2),
+        stride_kv_page=kv_cache.stride(0), stride_kv_row=kv_cache.stride(1),
+        stride_page_table_b=page_table.stride(0),
+        stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
+        num_heads=num_heads, q_len=q_len, page_size=kv_cache.shape[1], num_rows=num_rows,
+        softmax_scale_log2=softmax_scale * LOG2_E,
+    )
+    constexprs = dict(BLOCK_M=block_m, BLOCK_N=config.block_n,
+                      DV_BLOCK=HEAD_DIM_NOPE // config.dv_chunks,
+                      HAS_DESCALE=kv_descale is not None, KV_WIDEN=kv_widen)
+    grid = (plan.num_work, -(-num_rows // block_m), config.dv_chunks)
+    launches = [KernelLaunch(mla_decode_partial_kernel, grid, args, constexprs,
+                             config.num_warps, config.num_stages)]
+    if plan.num_slots > 0:
+        combine_args = dict(
+            partial_out_ptr=plan.partial_out, partial_lse_ptr=plan.partial_lse,
+            batch_slots_ptr=plan.batch_slots, out_ptr=out, lse_ptr=lse,
+            stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
+            num_heads=num_heads, num_rows=num_rows)
+        launches.append(KernelLaunch(mla_decode_combine_kernel,
+                                     (batch, -(-num_rows // COMBINE_ROWS)), combine_args,
+                                     dict(BLOCK_R=COMBINE_ROWS), 4, 1))
+    return launches
