@@ -1,7 +1,7 @@
 """Hopper (sm90) forward attention in Gluon: TMA, mbarrier rings, wgmma, warp specialization.
 
 One persistent program per SM walks a tile list (tileattn.scheduler.prefill_tile_order); a tile
-is BLOCK_M=128 queries of one (batch, query head). Each program is two partitions:
+is BLOCK_M (128) queries of one (batch, query head). Each program is two partitions:
   * a loader warp that issues TMA copies of Q (one buffer) and of K and V (separate rings of
     NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
   * a consumer of two warpgroups (8 warps, 64 query rows each) that runs S = Q K^T and
@@ -43,15 +43,18 @@ from ..arch import FP8_DTYPES, num_sms
 from ..scheduler import prefill_tile_order
 from .cross_compile import KernelLaunch
 
-BLOCK_M = 128          # two consumer warpgroups x 64 rows (wgmma's M is 64 per warpgroup)
-CONSUMER_WARPS = 8
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
 
 
 @dataclass(frozen=True)
 class Sm90Config:
     block_n: int
-    num_stages: int    # buffers in each of the K and V rings
+    num_stages: int          # buffers in each of the K and V rings
+    block_m: int = 128       # 64 rows per consumer warpgroup (wgmma's M is 64 per warpgroup)
+
+    @property
+    def num_warps(self) -> int:
+        return self.block_m // 16
 
 
 # (head_dim, fp8?) -> config. Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
@@ -466,20 +469,21 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     is_fp8 = q.dtype in FP8_DTYPES
     config = config or CONFIGS[(head_dim, is_fp8)]
+    block_m = config.block_m
     if cutlass_name is None:
         cutlass_name = CUTLASS_NAME[is_fp8]
     v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     block_n = config.block_n
 
     # [batch, heads, seqlen, head_dim] views, so that TMA zero-fills past each sequence's end.
-    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, BLOCK_M, head_dim])
+    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, head_dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
     if v_k_major:
         v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, head_dim, block_n])
     else:
         v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
 
-    num_m_blocks = -(-seqlen_q // BLOCK_M)
+    num_m_blocks = -(-seqlen_q // block_m)
     programs = num_programs or num_sms(q.device)
     tile_ids = prefill_tile_order(num_m_blocks, batch * num_q_heads, causal, programs, q.device)
     num_tiles = tile_ids.numel()
@@ -498,12 +502,12 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         stride_v_descale_b=svb, stride_v_descale_h=svh,
     )
     constexprs = dict(
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=config.num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=config.num_stages,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        NUM_WARPS=CONSUMER_WARPS, LOADER_REGS=LOADER_REGS,
+        NUM_WARPS=config.num_warps, LOADER_REGS=LOADER_REGS,
     )
     kernel = attention_sm90_cutlass_kernel if cutlass_name else attention_sm90_kernel
-    return Sm90Launch(kernel, (min(programs, num_tiles),), args, constexprs, CONSUMER_WARPS, 1)
+    return Sm90Launch(kernel, (min(programs, num_tiles),), args, constexprs, config.num_warps, 1)
 
 
 def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):

@@ -1,0 +1,104 @@
+"""The Hopper Gluon kernel (tileattn.kernels.attention_sm90) against the fp64 reference, on an
+sm90 GPU: every dtype, head dim, causal or not, GQA, odd and unequal lengths. Skipped elsewhere."""
+
+import pytest
+import torch
+
+import tileattn
+from tileattn.arch import FP8_DTYPES
+from tileattn.fp8 import prepare_v
+from tileattn.kernels import attention_sm90 as sm90
+from tileattn.reference import attention_reference
+
+from ..conftest import LSE_TOLERANCES, TOLERANCES
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs an sm90 GPU")
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
+HEAD_DIMS = [64, 128, 256]
+# (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads)
+SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4097, 2, 2),
+          (3, 1, 4097, 8, 1), (1, 17, 3000, 4, 2), (1, 3000, 17, 4, 2),
+          # seqlen_k a multiple of 16, so that FP8's K-major V is TMA-addressable:
+          (2, 1000, 1024, 8, 2), (1, 33, 4096, 4, 1), (1, 3000, 64, 4, 4)]
+
+
+def run_sm90(q, k, v, causal, descales):
+    """out, lse from the sm90 kernel, or None where supports() declines the inputs."""
+    if q.dtype in FP8_DTYPES:
+        v = prepare_v(v)
+    if not sm90.supports(q, k, v, causal):
+        return None
+    batch, seqlen_q, num_q_heads, _ = q.shape
+    out = torch.empty(batch, seqlen_q, num_q_heads, v.shape[3], device=q.device,
+                      dtype=torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype)
+    lse = torch.empty(batch, num_q_heads, seqlen_q, device=q.device)
+    sm90.attention_sm90_launch(q, k, v, out, lse, descales.get("q_descale"),
+                               descales.get("k_descale"), descales.get("v_descale"),
+                               q.shape[3] ** -0.5, causal).run()
+    return out, lse
+
+
+def make_inputs(shape, head_dim, dtype, per="tensor"):
+    batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads = shape
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape) + head_dim)
+    q = torch.randn(batch, seqlen_q, num_q_heads, head_dim, device="cuda", generator=gen)
+    k = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, device="cuda", generator=gen)
+    v = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, device="cuda", generator=gen)
+    if dtype in FP8_DTYPES:
+        (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype, per=per) for x in (q, k, v))
+        return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    return q.to(dtype), k.to(dtype), v.to(dtype), {}
+
+
+def check(shape, head_dim, dtype, causal, per="tensor"):
+    q, k, v, descales = make_inputs(shape, head_dim, dtype, per)
+    result = run_sm90(q, k, v, causal, descales)
+    if result is None:
+        assert dtype in FP8_DTYPES and shape[2] % 16 != 0, "supports() declined a TMA-able case"
+        pytest.skip("FP8 K-major V needs seqlen_k % 16 == 0 for TMA; portable kernel runs it")
+    out, lse = result
+    ref, ref_lse = attention_reference(q, k, v, causal=causal, **descales)
+    assert torch.isfinite(out).all()
+    error = float((out.double() - ref).norm() / ref.norm().clamp(min=1e-30))
+    if ref.norm() == 0:
+        assert out.abs().max() == 0
+    else:
+        assert error < TOLERANCES[dtype], error
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() \
+        < LSE_TOLERANCES[dtype]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_against_reference(dtype, head_dim, shape, causal):
+    check(shape, head_dim, dtype, causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_per_head_descales(dtype):
+    check((2, 2000, 2048, 8, 4), 128, dtype, True, per="head")
+
+
+def test_strided_views_of_a_fused_qkv_buffer():
+    qkv = torch.randn(2, 1000, 3, 8, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    out, lse = run_sm90(q, k, v, True, {})
+    ref, _ = attention_reference(q, k, v, causal=True)
+    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
+
+
+@pytest.mark.parametrize("cutlass_name", [False, True])
+def test_both_kernel_names_agree(cutlass_name):
+    q, k, v, _ = make_inputs((1, 1000, 1000, 4, 2), 128, torch.bfloat16)
+    out = torch.empty_like(q)
+    sm90.attention_sm90_launch(q, k, v, out, None, None, None, None, 128 ** -0.5, False,
+                               cutlass_name=cutlass_name).run()
+    ref, _ = attention_reference(q, k, v)
+    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
