@@ -124,10 +124,10 @@ def _widen(kv, dtype: tl.constexpr, KV_WIDEN: tl.constexpr):
 @triton.jit
 def _attend_kv_tiles(
     acc, l_i, m_i, q_nope, q_pe,
-    kv_ptr, page_table_row, stride_kv_page, stride_kv_row, page_size,
+    kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
     tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset,
-    BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr, MASKED: tl.constexpr,
-    KV_WIDEN: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
+    MASKED: tl.constexpr, KV_WIDEN: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over KV tokens [tile_start, tile_end)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -136,14 +136,16 @@ def _attend_kv_tiles(
     offs_v = dv_offset + tl.arange(0, DV_BLOCK)
     for start_n in tl.range(tile_start, tile_end, BLOCK_N):
         token = start_n + offs_n
-        # Any page_size works: each token finds its own page. Tokens of one page are adjacent
-        # rows, so a tile inside one page is one contiguous block of memory.
+        # Any page_size works: each token finds its own page. PAGE_SIZE is a compile-time
+        # constant because a division by a runtime value cost ~30% of the bandwidth on H100
+        # (H100 run 1, batch 768: 1589 GB/s at page_size 64 vs 2293 at page_size 1, where it
+        # folds away; benchmarks/NOTES.md has the run after this change).
         if MASKED:
             in_range = token < kv_end
-            page = tl.load(page_table_row + token // page_size, mask=in_range, other=0)
+            page = tl.load(page_table_row + token // PAGE_SIZE, mask=in_range, other=0)
         else:
-            page = tl.load(page_table_row + token // page_size)
-        row_ptrs = kv_ptr + page.to(tl.int64) * stride_kv_page + (token % page_size).to(tl.int64) * stride_kv_row
+            page = tl.load(page_table_row + token // PAGE_SIZE)
+        row_ptrs = kv_ptr + page.to(tl.int64) * stride_kv_page + (token % PAGE_SIZE).to(tl.int64) * stride_kv_row
         if MASKED:
             kv_nope = tl.load(row_ptrs[:, None] + offs_nope[None, :], mask=in_range[:, None], other=0.0)
             kv_rope = tl.load(row_ptrs[:, None] + offs_rope[None, :], mask=in_range[:, None], other=0.0)
@@ -193,9 +195,9 @@ def mla_decode_partial_kernel(
     stride_qb, stride_qs, stride_qh,
     stride_kv_page, stride_kv_row, stride_page_table_b,
     stride_ob, stride_os, stride_oh,
-    num_heads, q_len, page_size, num_rows,
+    num_heads, q_len, num_rows,
     softmax_scale_log2,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr,
 ):
     work_id = tl.program_id(0)
@@ -236,12 +238,12 @@ def mla_decode_partial_kernel(
     acc = tl.zeros([BLOCK_M, DV_BLOCK], dtype=tl.float32)
     acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-        page_size, kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
-        BLOCK_N, DV_BLOCK, False, KV_WIDEN)
+        kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN)
     acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-        page_size, full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
-        BLOCK_N, DV_BLOCK, True, KV_WIDEN)
+        full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
@@ -343,10 +345,10 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
         stride_kv_page=kv_cache.stride(0), stride_kv_row=kv_cache.stride(1),
         stride_page_table_b=page_table.stride(0),
         stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        num_heads=num_heads, q_len=q_len, page_size=kv_cache.shape[1], num_rows=num_rows,
+        num_heads=num_heads, q_len=q_len, num_rows=num_rows,
         softmax_scale_log2=softmax_scale * LOG2_E,
     )
-    constexprs = dict(BLOCK_M=block_m, BLOCK_N=config.block_n,
+    constexprs = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_N=config.block_n,
                       DV_BLOCK=HEAD_DIM_NOPE // config.dv_chunks,
                       HAS_DESCALE=kv_descale is not None, KV_WIDEN=kv_widen)
     grid = (plan.num_work, -(-num_rows // block_m), config.dv_chunks)
