@@ -32,6 +32,7 @@ torch.cuda.synchronize(); print('sanitizer case ran')
 " 2>&1 | tail -5; echo "sanitizer exit ${PIPESTATUS[0]}" ;;
     bench) python3 -m tileattn bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^prefill \[" | tail -80 ;;
     quickbench) python3 -m tileattn bench --quick --out "$OUT" 2>&1 | tail -30 ;;
+    shortbench) python3 -m tileattn bench --head-dims 64 128 --contexts 1024 2048 4096 --out "$OUT" 2>&1 | grep -v "^prefill \\[" | tail -40 ;;
     accuracy) python3 -m tileattn accuracy --out "$OUT" 2>&1 | tail -40 ;;
     mla) python3 -m tileattn bench --mla --out "$OUT" 2>&1 | tee "$OUT/mla.log" | tail -60 ;;
     demo) python3 -m tileattn demo 2>&1 | tail -8 ;;

@@ -94,7 +94,12 @@ def _bench(args) -> None:
         mla.run(out_dir=args.out, quick=args.quick)
     else:
         from tileattn.bench import prefill
-        prefill.run(out_dir=args.out, quick=args.quick)
+        kwargs = {}
+        if args.head_dims:
+            kwargs["head_dims"] = tuple(args.head_dims)
+        if args.contexts:
+            kwargs["contexts"] = tuple(args.contexts)
+        prefill.run(out_dir=args.out, quick=args.quick, **kwargs)
 
 
 def _accuracy(args) -> None:
@@ -125,6 +130,8 @@ def main(argv=None) -> None:
     bench.add_argument("--mla", action="store_true", help="the MLA decode grid instead of prefill")
     bench.add_argument("--quick", action="store_true", help="a few points only")
     bench.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    bench.add_argument("--head-dims", type=int, nargs="+", help="a subset of the grid's head dims")
+    bench.add_argument("--contexts", type=int, nargs="+", help="a subset of the grid's contexts")
     accuracy = commands.add_parser("accuracy", help="error table per dtype vs fp64")
     accuracy.add_argument("--out", default=None)
     commands.add_parser("info", help="device, arch row, kernel configs, V-layout decision")
