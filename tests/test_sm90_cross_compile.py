@@ -7,7 +7,7 @@ P stays in registers (no shared-memory stores inside the key loop) and that no r
 from .compile_helpers import run_without_interpreter
 
 CHILD = r'''
-import json, re, subprocess, tempfile, torch
+import dataclasses, json, re, subprocess, tempfile, torch
 from tileattn.kernels import attention_sm90 as sm90
 from tileattn.fp8 import prepare_v
 import triton, os
@@ -16,7 +16,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn,
           "e5m2": torch.float8_e5m2}
 
-def compile_case(dtype_name, head_dim, causal):
+def compile_case(dtype_name, head_dim, causal, split=None):
     dtype = DTYPES[dtype_name]
     # seqlen_k a multiple of 16: K-major FP8 V has seqlen_k as a TMA stride.
     q = torch.empty(2, 1000, 4, head_dim, dtype=dtype)
@@ -28,8 +28,11 @@ def compile_case(dtype_name, head_dim, causal):
     out = torch.empty(2, 1000, 4, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
+    config = sm90.CONFIGS[(head_dim, dtype.itemsize == 1)]
+    if split is not None:
+        config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal,
-                                        num_programs=132)
+                                        config=config, num_programs=132)
     c = sm90.cross_compile_sm90(launch, 90)
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -41,7 +44,8 @@ def compile_case(dtype_name, head_dim, causal):
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
             "tma": ptx.count("cp.async.bulk.tensor"), "stack": stack,
             "st_shared_in_loop": len(re.findall(r"st\.shared", ptx[first:last])),
-            "mixed_fp8": ptx.count(".e4m3.e5m2")}
+            "mixed_fp8": ptx.count(".e4m3.e5m2"),
+            "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)))}
 
 rows = {}
 for (head_dim, is_fp8) in sm90.CONFIGS:
@@ -50,17 +54,26 @@ for (head_dim, is_fp8) in sm90.CONFIGS:
             if name in ("fp16", "e5m2") and head_dim != 128:
                 continue  # same code as bf16 / e4m3 at the other widths
             rows[f"{name}-D{head_dim}-{'causal' if causal else 'full'}"] = compile_case(name, head_dim, causal)
+for name in ("bf16", "e4m3"):
+    for split in (False, True):
+        rows[f"{name}-D128-causal-{'pingpong' if split else 'lockstep'}"] = compile_case(name, 128, True, split)
 print(json.dumps(rows))
 '''
 
 
 def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma():
     rows = run_without_interpreter(CHILD)
-    assert len(rows) == 16
+    assert len(rows) == 20
     for name, row in rows.items():
         assert row["shared"] <= 227 * 1024, (name, row)
         assert row["wgmma"] > 0 and row["tma"] > 0, (name, row)
         assert row["stack"] == 0, (name, row)              # no register spills
         assert row["st_shared_in_loop"] == 0, (name, row)  # P stays in registers
+        if name.endswith("pingpong"):
+            # Each consumer warpgroup is its own partition: barriers span 128 threads, never
+            # both warpgroups (256), so nothing forces them into lockstep.
+            assert row["partition_barriers"] == ["128"], (name, row)
+        if name.endswith("lockstep"):
+            assert "256" in row["partition_barriers"], (name, row)
         if name.startswith("e5m2"):
             assert row["mixed_fp8"] > 0, (name, row)       # P rounded to e4m3 against e5m2 V

@@ -1,6 +1,8 @@
 """The Hopper Gluon kernel (tileattn.kernels.attention_sm90) against the fp64 reference, on an
 sm90 GPU: every dtype, head dim, causal or not, GQA, odd and unequal lengths. Skipped elsewhere."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,7 +27,7 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
           (2, 1000, 1024, 8, 2), (1, 33, 4096, 4, 1), (1, 3000, 64, 4, 4)]
 
 
-def run_sm90(q, k, v, causal, descales):
+def run_sm90(q, k, v, causal, descales, split=None):
     """out, lse from the sm90 kernel, or None where supports() declines the inputs."""
     if q.dtype in FP8_DTYPES:
         v = prepare_v(v)
@@ -35,9 +37,12 @@ def run_sm90(q, k, v, causal, descales):
     out = torch.empty(batch, seqlen_q, num_q_heads, v.shape[3], device=q.device,
                       dtype=torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype)
     lse = torch.empty(batch, num_q_heads, seqlen_q, device=q.device)
+    config = sm90.CONFIGS[(q.shape[3], q.dtype in FP8_DTYPES)]
+    if split is not None:
+        config = dataclasses.replace(config, split=split)
     sm90.attention_sm90_launch(q, k, v, out, lse, descales.get("q_descale"),
                                descales.get("k_descale"), descales.get("v_descale"),
-                               q.shape[3] ** -0.5, causal).run()
+                               q.shape[3] ** -0.5, causal, config=config).run()
     return out, lse
 
 
@@ -53,9 +58,9 @@ def make_inputs(shape, head_dim, dtype, per="tensor"):
     return q.to(dtype), k.to(dtype), v.to(dtype), {}
 
 
-def check(shape, head_dim, dtype, causal, per="tensor"):
+def check(shape, head_dim, dtype, causal, per="tensor", split=None):
     q, k, v, descales = make_inputs(shape, head_dim, dtype, per)
-    result = run_sm90(q, k, v, causal, descales)
+    result = run_sm90(q, k, v, causal, descales, split)
     if result is None:
         assert dtype in FP8_DTYPES and shape[2] % 16 != 0, "supports() declined a TMA-able case"
         pytest.skip("FP8 K-major V needs seqlen_k % 16 == 0 for TMA; portable kernel runs it")
@@ -73,17 +78,24 @@ def check(shape, head_dim, dtype, causal, per="tensor"):
         < LSE_TOLERANCES[dtype]
 
 
+# Both consumer structures: one 8-warp partition (lockstep) and two 4-warp partitions taking
+# turns at the tensor cores (pingpong).
+SPLITS = pytest.mark.parametrize("split", [False, True], ids=["lockstep", "pingpong"])
+
+
+@SPLITS
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_against_reference(dtype, head_dim, shape, causal):
-    check(shape, head_dim, dtype, causal)
+def test_against_reference(dtype, head_dim, shape, causal, split):
+    check(shape, head_dim, dtype, causal, split=split)
 
 
+@SPLITS
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-def test_per_head_descales(dtype):
-    check((2, 2000, 2048, 8, 4), 128, dtype, True, per="head")
+def test_per_head_descales(dtype, split):
+    check((2, 2000, 2048, 8, 4), 128, dtype, True, per="head", split=split)
 
 
 def test_strided_views_of_a_fused_qkv_buffer():

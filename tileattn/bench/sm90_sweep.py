@@ -109,14 +109,18 @@ def sweep(budget_s: float, out_dir: pathlib.Path) -> dict:
 
 
 # Candidate configs per (head_dim, fp8?) for --configs (each compiled for sm90 without spills).
-CANDIDATES = {
-    (128, False): [(128, 2), (64, 3), (64, 4)],
-    (128, True): [(128, 2), (128, 3), (128, 4), (64, 4)],
+CANDIDATES = {  # (block_n, num_stages, split): lockstep vs ping-pong consumers per table row
+    (64, False): [(128, 3, False), (128, 3, True)],
+    (128, False): [(128, 2, False), (128, 2, True)],
+    (256, False): [(64, 2, False), (64, 2, True)],
+    (64, True): [(128, 3, False), (128, 3, True)],
+    (128, True): [(128, 3, False), (128, 3, True)],
+    (256, True): [(64, 3, False), (64, 3, True)],
 }
 
 
 def config_sweep(out_dir: pathlib.Path) -> list[dict]:
-    """TFLOP/s of each candidate config at D=128, N in {4096, 16384}, causal or not."""
+    """TFLOP/s of each candidate config, N in {4096, 16384}, causal or not."""
     rows = []
     for (head_dim, is_fp8), candidates in CANDIDATES.items():
         for context in (4096, 16384):
@@ -131,12 +135,12 @@ def config_sweep(out_dir: pathlib.Path) -> list[dict]:
                 else:
                     (q, k, v), descales = x, (None,) * 3
                 out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
-                for block_n, stages in candidates:
-                    config = attention_sm90.Sm90Config(block_n, stages)
+                for block_n, stages, split in candidates:
+                    config = attention_sm90.Sm90Config(block_n, stages, split=split)
                     launch = attention_sm90.attention_sm90_launch(
                         q, k, v, out, None, *descales, head_dim ** -0.5, causal, config=config)
                     row = {"head_dim": head_dim, "fp8": is_fp8, "context": context,
-                           "causal": causal, "block_n": block_n, "stages": stages,
+                           "causal": causal, "block_n": block_n, "stages": stages, "split": split,
                            "tflops": flops(context, head_dim, causal) / time_ms(launch.run) / 1e9}
                     rows.append(row)
                     print(json.dumps(row), flush=True)

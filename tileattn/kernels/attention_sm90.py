@@ -4,9 +4,13 @@ One persistent program per SM walks a tile list (tileattn.scheduler.prefill_tile
 is BLOCK_M (128) queries of one (batch, query head). Each program is two partitions:
   * a loader warp that issues TMA copies of Q (one buffer) and of K and V (separate rings of
     NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
-  * a consumer of two warpgroups (8 warps, 64 query rows each) that runs S = Q K^T and
-    O += P V on wgmma. Its loop is software pipelined one key block deep: S_{j+1} is issued
-    before O += P_j V_j, so the softmax of block j+1 overlaps the tensor cores' P V work.
+  * two consumer warpgroups (64 query rows each) that run S = Q K^T and O += P V on wgmma.
+    Each loop is software pipelined one key block deep: S_{j+1} is issued before
+    O += P_j V_j, so the softmax of block j+1 overlaps the tensor cores' P V work.
+    With split=True (16-bit default) each warpgroup is its own partition and they take turns
+    issuing GEMMs through a pair of mbarriers (FA3's ping-pong), so one's softmax runs under
+    the other's GEMMs. With split=False they form one 8-warp partition, which Triton keeps in
+    lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
 P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
 layout and fed to the second GEMM directly.
 
@@ -44,6 +48,7 @@ from ..scheduler import prefill_tile_order
 from .cross_compile import KernelLaunch
 
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
+CONSUMER_REGS = gl.constexpr(240)  # a split (ping-pong) consumer warpgroup: 2 x 128 x 240 + 128 x 24 <= 64K
 
 
 @dataclass(frozen=True)
@@ -51,22 +56,28 @@ class Sm90Config:
     block_n: int
     num_stages: int          # buffers in each of the K and V rings
     block_m: int = 128       # 64 rows per consumer warpgroup (wgmma's M is 64 per warpgroup)
+    # The two consumer warpgroups as separate partitions taking turns at the tensor cores
+    # (FA3's ping-pong) rather than one 8-warp partition that Triton keeps in lockstep.
+    split: bool = False
 
     @property
     def num_warps(self) -> int:
-        return self.block_m // 16
+        return 4 if self.split else self.block_m // 16
 
 
 # (head_dim, fp8?) -> config. Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
-# row fits 227 KB (tests/test_sm90_cross_compile.py checks metadata.shared).
+# row fits 227 KB (tests/test_sm90_cross_compile.py checks metadata.shared). 16-bit rows use the
+# ping-pong consumers (H100: +27% at D=128 N=16k, benchmarks/NOTES.md); FP8 rows keep the
+# lockstep consumer until ping-pong FP8 has passed the GPU tests (it timed 3-7% faster).
 CONFIGS: dict[tuple[int, bool], Sm90Config] = {
-    (64, False): Sm90Config(128, 3),
-    (128, False): Sm90Config(128, 2),
-    (256, False): Sm90Config(64, 2),
+    (64, False): Sm90Config(128, 3, split=True),
+    (128, False): Sm90Config(128, 2, split=True),
+    (256, False): Sm90Config(64, 2, split=True),
     (64, True): Sm90Config(128, 3),
     (128, True): Sm90Config(128, 3),
     (256, True): Sm90Config(64, 3),   # BLOCK_N=128 spills (288 B of stack at 240 registers)
 }
+
 
 _GL_DTYPES = {
     torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
@@ -173,6 +184,21 @@ def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
 
 
 @gluon.jit
+def _wait_turn(turn_bars, turn_count, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup HALF issues its n-th GEMMs after the other has issued its
+    (n-1)-th (HALF 0) or n-th (HALF 1), so one's softmax runs under the other's GEMMs."""
+    if PINGPONG:
+        mbarrier.wait(turn_bars.index(HALF), (turn_count & 1) ^ (1 - HALF))
+    return turn_count + 1
+
+
+@gluon.jit
+def _pass_turn(turn_bars, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - HALF), count=1)
+
+
+@gluon.jit
 def _softmax_update(s, m_i, l_i, qk_scale, rows, key_start, seqlen_k, causal_shift,
                     s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                     MASKED: gl.constexpr, CAUSAL: gl.constexpr):
@@ -196,24 +222,27 @@ def _softmax_update(s, m_i, l_i, qk_scale, rows, key_start, seqlen_k, causal_shi
 
 
 @gluon.jit
-def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, q_op,
-                       k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count, q_op,
+                       k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
                        block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
                        s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                       MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+                       MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                       HALF: gl.constexpr, PINGPONG: gl.constexpr):
     """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(block_start, block_end):
         stage = kv_count % NUM_STAGES
         phase = (kv_count // NUM_STAGES) & 1
         mbarrier.wait(k_ready.index(stage), phase)
+        mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+        turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
         s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM), s_zero,
                           use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev_stage), prev_phase)
         acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
                             is_async=True)
+        _pass_turn(turn_bars, HALF, PINGPONG)
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(k_empty.index(stage), count=1)
@@ -227,7 +256,7 @@ def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, q_op,
         prev_stage = stage
         prev_phase = phase
         kv_count += 1
-    return acc, p, m_i, l_i, kv_count, prev_stage, prev_phase
+    return acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count
 
 
 @gluon.jit
@@ -239,10 +268,13 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
                         stride_k_descale_b, stride_k_descale_h,
                         stride_v_descale_b, stride_v_descale_h,
                         q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                        turn_bars, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                         HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                        NUM_WARPS: gl.constexpr):
+                        ROWS: gl.constexpr):
+    """Rows [HALF * ROWS, (HALF + 1) * ROWS) of each BLOCK_M tile, on ROWS // 16 warps."""
+    NUM_WARPS: gl.constexpr = ROWS // 16
     dtype: gl.constexpr = q_smem.dtype
     # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2 (one more mantissa bit; wgmma
     # takes mixed FP8 operands).
@@ -256,11 +288,12 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, INSTR_K])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_WIDTH)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_op = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    q_op = q_smem.reshape([BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
     causal_shift = seqlen_k - seqlen_q
 
     kv_count = 0
     tile_count = 0
+    turn_count = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
             tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
@@ -271,11 +304,11 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
             qk_scale *= gl.load(q_descale_ptr + batch * stride_q_descale_b + head * stride_q_descale_h)
             qk_scale *= gl.load(k_descale_ptr + batch * stride_k_descale_b + kv_head * stride_k_descale_h)
             v_scale = gl.load(v_descale_ptr + batch * stride_v_descale_b + kv_head * stride_v_descale_h)
-        rows = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=row_layout)
 
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         mbarrier.wait(q_ready, tile_count & 1)
         if num_blocks > 0:
             # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
@@ -283,33 +316,37 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
             stage = kv_count % NUM_STAGES
             phase = (kv_count // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
+            turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
             s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
-                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout),
+                              gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout),
                               use_acc=False, is_async=True)
+            _pass_turn(turn_bars, HALF, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
                                                      causal_shift, s_layout, BLOCK_N, True, CAUSAL)
             p = gl.convert_layout(p_f32.to(P_DTYPE), p_layout)
             kv_count += 1
-            acc, p, m_i, l_i, kv_count, stage, phase = _attend_key_blocks(
-                acc, p, m_i, l_i, kv_count, stage, phase, q_op,
-                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+            acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _attend_key_blocks(
+                acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
                 1, num_full, qk_scale, rows, seqlen_k, causal_shift,
-                s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
-                P_DTYPE, False, CAUSAL)
-            acc, p, m_i, l_i, kv_count, stage, phase = _attend_key_blocks(
-                acc, p, m_i, l_i, kv_count, stage, phase, q_op,
-                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+                P_DTYPE, False, CAUSAL, HALF, PINGPONG)
+            acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _attend_key_blocks(
+                acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
                 gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
-                s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
-                P_DTYPE, True, CAUSAL)
+                s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+                P_DTYPE, True, CAUSAL, HALF, PINGPONG)
             # Q is free once the last S is computed: the loader may fetch the next tile's Q
             # while the last P V and the epilogue run.
             mbarrier.arrive(q_empty, count=1)
             mbarrier.wait(v_ready.index(stage), phase)
+            turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
             acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
                                 is_async=True)
+            _pass_turn(turn_bars, HALF, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(stage), count=1)
         else:
@@ -318,7 +355,7 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
         # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
         l_safe = gl.where(l_i == 0.0, 1.0, l_i)
         acc = acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout)), 1)
-        out_rows = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        out_rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         out_ptrs = (out_ptr + batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
                     + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
@@ -344,7 +381,7 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                          HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                         NUM_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                         SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                        k_desc.layout)
@@ -356,31 +393,51 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
+    NUM_CONSUMERS: gl.constexpr = 2 if SPLIT else 1
+    ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=1)
+    mbarrier.init(q_empty, count=NUM_CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
 
-    gl.warp_specialize([
-        (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
-                               seqlen_q, seqlen_k, softmax_scale_log2,
-                               out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                               q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                               stride_q_descale_b, stride_q_descale_h,
-                               stride_k_descale_b, stride_k_descale_h,
-                               stride_v_descale_b, stride_v_descale_h,
-                               q_smem, k_smem, v_smem,
-                               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                               BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                               HAS_DESCALE, RETURN_LSE, NUM_WARPS)),
-        (_loader_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
-                             seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                             q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                             BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)),
-    ], [1], [LOADER_REGS])
+    loader_args = (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                   seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                   BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)
+    # (Gluon needs each partition's constexprs spelled out: tuples built in the kernel lose them.)
+    if SPLIT:
+        gl.warp_specialize([
+            (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                                   seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
+                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
+                                   q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
+            (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                                   seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
+                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
+                                   q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
+            (_loader_partition, loader_args),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+                                   seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
+                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
+                                   q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
+            (_loader_partition, loader_args),
+        ], [1], [LOADER_REGS])
 
 
 # Two entry points, one body: ptxas schedules a kernel whose name contains "cutlass"
@@ -396,7 +453,7 @@ def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gq
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                           HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          NUM_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                          SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
     _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
@@ -405,7 +462,7 @@ def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gq
                          stride_k_descale_b, stride_k_descale_h,
                          stride_v_descale_b, stride_v_descale_h,
                          BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                         HAS_DESCALE, RETURN_LSE, NUM_WARPS, LOADER_REGS)
+                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS)
 
 
 @gluon.jit
@@ -420,7 +477,7 @@ def attention_sm90_cutlass_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_h
                                   HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
                                   CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                                   HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                                  NUM_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                                  SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
     _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
@@ -429,7 +486,7 @@ def attention_sm90_cutlass_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_h
                          stride_k_descale_b, stride_k_descale_h,
                          stride_v_descale_b, stride_v_descale_h,
                          BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                         HAS_DESCALE, RETURN_LSE, NUM_WARPS, LOADER_REGS)
+                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,7 +561,7 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=config.num_stages,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        NUM_WARPS=config.num_warps, LOADER_REGS=LOADER_REGS,
+        SPLIT=config.split, LOADER_REGS=LOADER_REGS,
     )
     kernel = attention_sm90_cutlass_kernel if cutlass_name else attention_sm90_kernel
     return Sm90Launch(kernel, (min(programs, num_tiles),), args, constexprs, config.num_warps, 1)
