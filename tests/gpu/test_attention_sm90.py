@@ -104,13 +104,3 @@ def test_strided_views_of_a_fused_qkv_buffer():
     out, lse = run_sm90(q, k, v, True, {})
     ref, _ = attention_reference(q, k, v, causal=True)
     assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
-
-
-@pytest.mark.parametrize("cutlass_name", [False, True])
-def test_both_kernel_names_agree(cutlass_name):
-    q, k, v, _ = make_inputs((1, 1000, 1000, 4, 2), 128, torch.bfloat16)
-    out = torch.empty_like(q)
-    sm90.attention_sm90_launch(q, k, v, out, None, None, None, None, 128 ** -0.5, False,
-                               cutlass_name=cutlass_name).run()
-    ref, _ = attention_reference(q, k, v)
-    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]

@@ -2,7 +2,7 @@
 
 Z=4, H=32, N in {1024, 4096, 16384}, D in {64, 128, 256}, causal or not; bf16 and fp8 e4m3.
 FP8 rows time the kernels on a pre-transposed (K-major) V, as a user of prepare_v would call
-them; cuDNN runs bf16. The sm90 kernel runs under both kernel names (the ptxas "cutlass" quirk).
+them; cuDNN runs bf16.
 Each call's output is first checked against cuDNN bf16 on the same (dequantized) inputs.
 
     python -m tileattn.bench.sm90_sweep [--out DIR] [--budget-s SECONDS]
@@ -42,11 +42,8 @@ def providers(q, k, v, descales, causal, is_fp8):
     out = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16)
     lse = None
     d = descales if is_fp8 else (None, None, None)
-    runs = {}
-    for cutlass_name in (False, True):
-        launch = attention_sm90.attention_sm90_launch(q, k, v, out, lse, *d, scale, causal,
-                                                      cutlass_name=cutlass_name)
-        runs["sm90-cutlass" if cutlass_name else "sm90"] = (lambda l=launch: (l.run(), out)[1])
+    launch = attention_sm90.attention_sm90_launch(q, k, v, out, lse, *d, scale, causal)
+    runs = {"sm90": lambda: (launch.run(), out)[1]}
     portable = attention_fwd.attention_launch(q, k, v, out, lse, *d, scale, causal, arch_of(q.device))
     runs["portable"] = lambda: (portable.run(), out)[1]
     return runs
@@ -149,8 +146,7 @@ def config_sweep(out_dir: pathlib.Path) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    cols = ["sm90-bf16", "sm90-cutlass-bf16", "portable-bf16", "cudnn-bf16",
-            "sm90-fp8e4m3", "sm90-cutlass-fp8e4m3", "portable-fp8e4m3"]
+    cols = ["sm90-bf16", "portable-bf16", "cudnn-bf16", "sm90-fp8e4m3", "portable-fp8e4m3"]
     lines = ["| D | N | causal | " + " | ".join(cols) + " |", "|" + "---|" * (3 + len(cols))]
     for row in result["rows"]:
         cells = [f"{row[c]:.0f}" if row.get(c) else "-" for c in cols]

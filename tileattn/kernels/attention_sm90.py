@@ -440,8 +440,8 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
         ], [1], [LOADER_REGS])
 
 
-# Two entry points, one body: ptxas schedules a kernel whose name contains "cutlass"
-# differently; CUTLASS_NAME in the launcher picks which one runs (benchmarks/NOTES.md).
+# The entry point. A second entry named "...cutlass..." (ptxas schedules such kernels
+# differently) was measured and removed: no gain for bf16 or FP8 (benchmarks/NOTES.md).
 @gluon.jit
 def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
                           seqlen_q, seqlen_k, softmax_scale_log2,
@@ -454,30 +454,6 @@ def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gq
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                           HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
                           SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
-    _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
-                         seqlen_q, seqlen_k, softmax_scale_log2,
-                         q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                         stride_q_descale_b, stride_q_descale_h,
-                         stride_k_descale_b, stride_k_descale_h,
-                         stride_v_descale_b, stride_v_descale_h,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS)
-
-
-@gluon.jit
-def attention_sm90_cutlass_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads,
-                                  gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2,
-                                  q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh,
-                                  lse_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                                  stride_q_descale_b, stride_q_descale_h,
-                                  stride_k_descale_b, stride_k_descale_h,
-                                  stride_v_descale_b, stride_v_descale_h,
-                                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                  HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                  CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                                  HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                                  SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
     _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
@@ -502,8 +478,6 @@ class Sm90Launch(KernelLaunch):
 
     def run(self) -> None:
         self.kernel[self.grid](**self.args, **self.constexprs, num_warps=self.num_warps)
-# Kernel name choice per precision (the ptxas "cutlass" quirk); see benchmarks/NOTES.md.
-CUTLASS_NAME = {False: False, True: False}
 
 
 def _descriptor(x: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
@@ -518,17 +492,14 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
 
 
 def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                          softmax_scale: float, causal: bool, *, cutlass_name: bool | None = None,
-                          config: Sm90Config | None = None, num_programs: int | None = None
-                          ) -> KernelLaunch:
+                          softmax_scale: float, causal: bool, *, config: Sm90Config | None = None,
+                          num_programs: int | None = None) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     is_fp8 = q.dtype in FP8_DTYPES
     config = config or CONFIGS[(head_dim, is_fp8)]
     block_m = config.block_m
-    if cutlass_name is None:
-        cutlass_name = CUTLASS_NAME[is_fp8]
     v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     block_n = config.block_n
 
@@ -563,8 +534,7 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
         SPLIT=config.split, LOADER_REGS=LOADER_REGS,
     )
-    kernel = attention_sm90_cutlass_kernel if cutlass_name else attention_sm90_kernel
-    return Sm90Launch(kernel, (min(programs, num_tiles),), args, constexprs, config.num_warps, 1)
+    return Sm90Launch(attention_sm90_kernel, (min(programs, num_tiles),), args, constexprs, config.num_warps, 1)
 
 
 def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):
