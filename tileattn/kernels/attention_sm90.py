@@ -97,8 +97,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
     if q.dtype not in _GL_DTYPES or v.shape[3] != head_dim or (head_dim, False) not in CONFIGS:
         return False  # Dv != D (e.g. 192/128) and 96/192 run on the portable kernel
     v_k_major = v.stride(1) == 1 and v.stride(3) != 1
-    if q.dtype in FP8_DTYPES and not v_k_major:
-        return False
+    if (q.dtype in FP8_DTYPES) != v_k_major:
+        return False  # 16-bit K-major V compiles but has not run on a GPU yet
     if not (_tma_ready(q, (0, 1, 2)) and _tma_ready(k, (0, 1, 2))):
         return False
     return _tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
