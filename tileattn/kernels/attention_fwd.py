@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ..arch import Arch
 from .cross_compile import KernelLaunch
+from .softmax import online_softmax_step
 
 
 @dataclass(frozen=True)
@@ -120,17 +121,7 @@ def _attend_key_blocks(
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_shift)
             qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if MASKED:
-            # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so
-            # exp2 gives 0 rather than NaN.
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_safe = m_new
-        p = tl.math.exp2(qk * qk_scale - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
         v = _load_tile(v_ptrs, cols, seqlen_k, offs_dv, HEAD_DIM_V, MASKED,
                        HEAD_DIM_V != HEAD_DIM_V_PAD)
         # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit

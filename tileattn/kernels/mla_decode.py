@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ..arch import Arch
 from .cross_compile import KernelLaunch
+from .softmax import online_softmax_step
 
 HEAD_DIM_NOPE = 512   # latent width; also V's width
 HEAD_DIM_ROPE = 64
@@ -162,17 +163,7 @@ def _attend_kv_tiles(
             # key_limit already stops at the sequence end; in_range also guards the chunk end.
             visible = in_range[None, :] & (token[None, :] < key_limit[:, None])
             qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if MASKED:
-            # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead so
-            # exp2 gives 0 rather than NaN.
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_safe = m_new
-        p = tl.math.exp2(qk * qk_scale - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
         if DV_BLOCK == 512:
             v = kv_nope   # split_dv: V is the tile already loaded for QK^T
         else:
