@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call: the steps named on the command line, logs and results under $OUT.
-#   bash benchmarks/gpu_session.sh tests sweep sanitizer bench accuracy mla
+#   bash benchmarks/gpu_session.sh tests gputests sanitizer sweep bench accuracy mlatests mla
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,6 +34,7 @@ torch.cuda.synchronize(); print('sanitizer case ran')
     quickbench) python3 -m tileattn bench --quick --out "$OUT" 2>&1 | tail -30 ;;
     shortbench) python3 -m tileattn bench --head-dims 64 128 --contexts 1024 2048 4096 --out "$OUT" 2>&1 | grep -v "^prefill \\[" | tail -40 ;;
     accuracy) python3 -m tileattn accuracy --out "$OUT" 2>&1 | tail -40 ;;
+    mlatests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mla_gpu.py 2>&1 | tee "$OUT/mla-gputests.log" | tail -15 ;;
     mla) python3 -m tileattn bench --mla --out "$OUT" 2>&1 | tee "$OUT/mla.log" | tail -60 ;;
     demo) python3 -m tileattn demo 2>&1 | tail -8 ;;
     overhead) python3 -c "from tileattn.bench import overhead; import json; r = overhead.run(); open('$OUT/overhead.json', 'w').write(json.dumps(r))" 2>&1 | tail -30 ;;

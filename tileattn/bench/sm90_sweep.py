@@ -17,23 +17,16 @@ import pathlib
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 from ..arch import arch_of
 from ..fp8 import prepare_v, quantize_fp8
 from ..kernels import attention_fwd, attention_sm90
 from .common import device_facts, time_ms
+from .prefill import BATCH, CHECK_TOLERANCE, HEAD_DIMS, HEADS, _sdpa, flops
 
-BATCH, HEADS = 4, 32
-HEAD_DIMS = (64, 128, 256)
 CONTEXTS = (1024, 4096, 16384)
-CHECK_TOLERANCE = {"bf16": 2e-2, "fp8e4m3": 1e-1}
-
-
-def flops(context: int, head_dim: int, causal: bool) -> float:
-    total = 4 * BATCH * HEADS * context * context * head_dim
-    return total / 2 if causal else total
+cudnn_bf16 = _sdpa(SDPBackend.CUDNN_ATTENTION)
 
 
 def providers(q, k, v, descales, causal, is_fp8):
@@ -47,12 +40,6 @@ def providers(q, k, v, descales, causal, is_fp8):
     portable = attention_fwd.attention_launch(q, k, v, out, lse, *d, scale, causal, arch_of(q.device))
     runs["portable"] = lambda: (portable.run(), out)[1]
     return runs
-
-
-def cudnn_bf16(q, k, v, causal):
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                              v.transpose(1, 2), is_causal=causal).transpose(1, 2)
 
 
 def sweep(budget_s: float, out_dir: pathlib.Path) -> dict:
