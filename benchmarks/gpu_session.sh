@@ -16,6 +16,9 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_api_errors.py tests/test_arch.py tests/test_fp8.py 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
+    sm90tests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "${SM90_TESTS:-pingpong and not float8 and not True or dispatches}" 2>&1 | tee "$OUT/sm90tests.log" | tail -15 ;;
+    causalab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.causal_order_ab(); open('$OUT/causal-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/causal-ab.log" | tail -30 ;;
+    mlasweep) python3 -c "from tileattn.bench import mla; import json, os; a = json.loads(os.environ.get('MLA_SWEEP', '{}')); mla.sweep('$OUT', **{k: [tuple(x) for x in v] for k, v in a.items()})" 2>&1 | tee "$OUT/mla-sweep.log" | tail -90 ;;
     sweep) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(); open('$OUT/sweep.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep.log" | grep -v "^$" | tail -12 ;;
     sweepcausal) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(head_dims=(64, 128), causal=True); open('$OUT/sweep-causal.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep-causal.log" | grep best ;;
     sanitizer) compute-sanitizer --tool memcheck --error-exitcode 9 python3 -c "
@@ -28,6 +31,12 @@ for dt in (torch.bfloat16, torch.float8_e4m3fn):
         q, k, v = (x.to(dt) for x in (q, k, v)); d = {}
     for causal in (False, True):
         tileattn.attention(q, k, v, causal=causal, return_lse=True, **d)
+for heads, q_len in ((16, 1), (16, 2), (64, 1)):
+    lens = torch.tensor([1, 70, 300], dtype=torch.int32, device='cuda'); page = 16
+    kv = torch.randn(80, page, 576, device='cuda', dtype=torch.bfloat16)
+    table = torch.randperm(80, device='cuda').to(torch.int32)[:60].reshape(3, 20)
+    q = torch.randn(3, q_len, heads, 576, device='cuda', dtype=torch.bfloat16)
+    tileattn.mla_decode(q, kv, table, lens.clamp(min=q_len), softmax_scale=0.07)
 torch.cuda.synchronize(); print('sanitizer case ran')
 " 2>&1 | tail -5; echo "sanitizer exit ${PIPESTATUS[0]}" ;;
     bench) python3 -m tileattn bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^prefill \[" | tail -80 ;;

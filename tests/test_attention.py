@@ -26,6 +26,7 @@ SHAPES = [
     (1, 33, 65, 2, 2, 192, 128, False),    # DeepSeek prefill D=192, Dv=128
     (1, 20, 20, 2, 2, 96, 96, True),
     (1, 16, 40, 2, 1, 256, 256, False),
+    (3, 70, 70, 5, 5, 64, 64, True),       # 15 (batch, head) pairs: a partial causal LPT group
 ]
 
 
@@ -125,10 +126,10 @@ def test_softmax_scale_and_out_dtype():
 
 def test_every_output_element_is_written():
     """Poison out and lse, run the launcher directly, and check nothing is left unwritten."""
-    shape = (2, 45, 29, 2, 1, 96, 64, True)
+    shape = (3, 45, 29, 5, 1, 96, 64, True)   # 15 (batch, head) pairs: groups of 8 and 7
     q, k, v, _ = make_inputs(shape, torch.float16)
-    out = torch.full((2, 45, 2, 64), float("nan"), dtype=torch.float16, device=DEVICE)
-    lse = torch.full((2, 2, 45), float("nan"), device=DEVICE)
+    out = torch.full((3, 45, 5, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    lse = torch.full((3, 5, 45), float("nan"), device=DEVICE)
     attention_fwd.attention_launch(q, k, v, out, lse, None, None, None, 1 / math.sqrt(96), True,
                                    arch_module.arch_of(q.device)).run()
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()

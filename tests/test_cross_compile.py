@@ -11,7 +11,7 @@ from .compile_helpers import run_without_interpreter
 CHILD = r'''
 import json, re, torch
 from tileattn.arch import arch_for_capability
-from tileattn.kernels.attention_fwd import CONFIGS, attention_launch
+from tileattn.kernels.attention_fwd import CAUSAL_CONFIGS, CONFIGS, attention_launch
 from tileattn.kernels.cross_compile import cross_compile
 from tileattn.fp8 import prepare_v
 
@@ -43,6 +43,12 @@ for (name, width, is_fp8), config in CONFIGS.items():
     k_major = is_fp8 and arch_for_capability(cap).fp8_v_needs_k_major
     rows.append({"arch": name, "width": width, "fp8": is_fp8, "causal": False,
                  **compile_case(cap, width, dtype, k_major)})
+for (name, width, is_fp8), config in CAUSAL_CONFIGS.items():
+    cap = CAPABILITY[name]
+    dtype = torch.float8_e4m3fn if is_fp8 else torch.bfloat16
+    k_major = is_fp8 and arch_for_capability(cap).fp8_v_needs_k_major
+    rows.append({"arch": name, "width": width, "fp8": is_fp8, "causal": True,
+                 **compile_case(cap, width, dtype, k_major, causal=True)})
 fp8_layouts = {str(k_major): compile_case((9, 0), 128, torch.float8_e4m3fn, k_major)
                for k_major in (True, False)}
 print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts}))
@@ -55,7 +61,8 @@ def compiled():
 
 
 def test_every_config_fits_its_chip(compiled):
-    assert len(compiled["rows"]) >= 15
+    assert len(compiled["rows"]) >= 16
+    assert any(row["causal"] for row in compiled["rows"])
     for row in compiled["rows"]:
         assert row["shared"] <= row["limit"], row
 

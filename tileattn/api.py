@@ -6,6 +6,7 @@ Kernels assume what this module has checked; they never validate.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -152,9 +153,37 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     lse = (torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device)
            if return_lse else None)
     with on_device(q.device):
-        attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                                       softmax_scale, causal, arch).run()
+        if kernel_for(arch, q, k, v, causal) == "sm90":
+            from .kernels import attention_sm90
+            launch = attention_sm90.attention_sm90_launch(
+                q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale, causal)
+        else:
+            launch = attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale,
+                                                    v_descale, softmax_scale, causal, arch)
+        launch.run()
     return (out, lse) if return_lse else out
+
+
+KERNELS = ("auto", "portable", "sm90")
+
+
+def kernel_for(arch, q, k, v, causal: bool) -> str:
+    """Which forward kernel runs checked inputs (v already in the layout the call will pass):
+    "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster
+    there and it supports the inputs' strides; "portable" otherwise.
+
+    TILEATTN_KERNEL=portable forces the portable kernel (benchmarks compare the two with it);
+    TILEATTN_KERNEL=sm90 takes the Hopper kernel wherever it supports the inputs.
+    """
+    choice = os.environ.get("TILEATTN_KERNEL", "auto")
+    if choice not in KERNELS:
+        raise ValueError(f"TILEATTN_KERNEL must be one of {KERNELS}, got {choice!r}")
+    if choice == "portable" or not arch.has_wgmma:
+        return "portable"
+    from .kernels import attention_sm90  # Gluon: imported only where it can run
+    if choice == "auto" and not attention_sm90.preferred(q, k, causal):
+        return "portable"
+    return "sm90" if attention_sm90.supports(q, k, v, causal) else "portable"
 
 
 # ---- mla_decode() / mla_plan() ----------------------------------------------------------------
@@ -204,13 +233,14 @@ def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, sched
     if shortest < q_len:
         raise ValueError(f"every seq_lens entry must be >= q_len ({q_len}) since the q_len new "
                          f"tokens are in the cache, got seq_lens[{lengths.index(shortest)}] = {shortest}")
-    config = mla_kernels.config_for(arch_of(device), schedule)
     num_rows = num_heads * q_len
+    config = mla_kernels.config_for(arch_of(device), schedule, num_rows)
     return scheduler.make_mla_plan(
         lengths, num_heads=num_heads, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype,
         head_dim_v=mla_kernels.HEAD_DIM_NOPE,
         programs_per_item=mla_kernels.programs_per_work_item(config, num_rows),
-        num_sms=num_sms(device), block_n=config.block_n, min_chunk=config.min_chunk,
+        num_sms=num_sms(device) * config.programs_per_sm, block_n=config.block_n,
+        min_chunk=config.min_chunk,
         device=device, config=config)
 
 

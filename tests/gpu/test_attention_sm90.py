@@ -104,3 +104,22 @@ def test_strided_views_of_a_fused_qkv_buffer():
     out, lse = run_sm90(q, k, v, True, {})
     ref, _ = attention_reference(q, k, v, causal=True)
     assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
+
+
+@pytest.mark.parametrize("case", ["gqa-unequal", "d256-fp16", "fused-qkv"])
+def test_attention_dispatches_here(case, monkeypatch):
+    """attention() itself (no TILEATTN_KERNEL) runs this kernel where it measured faster."""
+    from tileattn.api import kernel_for
+    from tileattn.arch import arch_of
+    monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
+    if case == "fused-qkv":
+        q, k, v = torch.randn(1, 4096, 3, 8, 128, device="cuda", dtype=torch.bfloat16).unbind(2)
+    else:
+        shape = (2, 1000, 4099, 8, 2) if case == "gqa-unequal" else (1, 4097, 4097, 4, 4)
+        dtype = torch.float16 if case == "d256-fp16" else torch.bfloat16
+        q, k, v, _ = make_inputs(shape, 256 if case == "d256-fp16" else 128, dtype)
+    assert kernel_for(arch_of(q.device), q, k, v, False) == "sm90"
+    out, lse = tileattn.attention(q, k, v, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=False)
+    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[q.dtype]
+    assert ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max() < LSE_TOLERANCES[q.dtype]

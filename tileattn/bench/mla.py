@@ -165,3 +165,77 @@ def _print_table(rows, copy_rate):
         print(f"{r['batch']:>5} {r['seq_len']:>5} {r['heads']:>3} {r['q_len']:>4} "
               f"{r['page_size']:>4} {r['kv_dtype']:>4} {r['impl']:>17} {r['ms']:>8.4f} "
               f"{r['gbps']:>7.0f} {100 * r['gbps'] / copy_rate:>5.0f} {r['tflops']:>7.1f}")
+
+
+# Candidate knobs for the sweep: (name, changes to the chip's split_dv row).
+SWEEP_VARIANTS = (
+    ("table", {}),
+    ("2/SM", {"programs_per_sm": 2}),
+    ("3/SM", {"programs_per_sm": 3}),
+    ("M64", {"min_block_m": 64}),
+    ("N64", {"block_n": 64}),
+    ("N16s3", {"block_n": 16, "num_stages": 3}),
+    ("w4", {"num_warps": 4}),
+    ("s3", {"num_stages": 3}),
+    ("f16", {"fp8_compute": "f16"}),
+)
+SWEEP_SHAPES = ((768, 2048, 16, "bf16"), (768, 2048, 32, "bf16"), (768, 2048, 64, "bf16"),
+                (768, 2048, 128, "bf16"), (32, 8192, 16, "bf16"), (32, 8192, 64, "bf16"),
+                (768, 2048, 16, "fp8"), (768, 2048, 64, "fp8"), (32, 8192, 16, "fp8"))
+
+
+def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
+    """Time each SWEEP_VARIANTS row of the sm90 split_dv config at SWEEP_SHAPES (page_size 64,
+    q_len 1), checked against the table row's output. Results: mla-sweep JSON."""
+    import dataclasses
+
+    from tileattn import scheduler
+    from tileattn.arch import arch_of, num_sms
+    from tileattn.kernels import mla_decode as kernels
+
+    device = torch.device("cuda")
+    facts = device_facts(device)
+    copy_rate = copy_gbps(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for batch, seq_len, heads, kv_name in shapes:
+        kv_cache, page_table, kv_descale = _make_cache(batch, seq_len, 64, kv_name, device, gen)
+        q = torch.randn(batch, 1, heads, HEAD_DIM_QK, device=device, generator=gen, dtype=torch.bfloat16)
+        seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+        io_bytes = batch * seq_len * HEAD_DIM_QK * kv_cache.element_size() + q.numel() * 2 + batch * heads * HEAD_DIM_V * 2
+        flops = 2 * heads * (HEAD_DIM_QK + HEAD_DIM_V) * batch * seq_len
+        expected = None
+        base = kernels.config_for(arch_of(device), "split_dv", heads)
+        for name, changes in variants:
+            if "fp8_compute" in changes and kv_name != "fp8":
+                continue
+            config = dataclasses.replace(base, **changes)
+            if config.num_warps < 8 and kernels.rows_per_program(config, heads) >= 64:
+                continue  # one warpgroup holding a 64x512 fp32 accumulator: illegal access seen
+            plan = scheduler.make_mla_plan(
+                [seq_len] * batch, num_heads=heads, q_len=1, page_size=64, kv_dtype=kv_cache.dtype,
+                head_dim_v=HEAD_DIM_V, programs_per_item=kernels.programs_per_work_item(config, heads),
+                num_sms=num_sms(device) * config.programs_per_sm, block_n=config.block_n,
+                min_chunk=config.min_chunk, device=device, config=config)
+            call = lambda: tileattn.mla_decode(q, kv_cache, page_table, seq_lens, softmax_scale=0.07,
+                                               kv_descale=kv_descale, plan=plan)
+            try:
+                out = call().float()
+                if expected is None:
+                    expected = out
+                error = float((out - expected).norm() / expected.norm())
+                if error > CHECK_TOLERANCE:
+                    print(f"{name} b{batch} s{seq_len} h{heads} {kv_name}: differs by {error:.2e}")
+                    continue
+                ms = _time_ms(call)
+            except Exception as error:  # noqa: BLE001 - out of resources etc.
+                print(f"{name} b{batch} s{seq_len} h{heads} {kv_name}: {type(error).__name__} {str(error)[:120]}")
+                continue
+            row = dict(batch=batch, seq_len=seq_len, heads=heads, kv_dtype=kv_name, variant=name,
+                       config=dataclasses.asdict(config), num_work=plan.num_work, ms=ms,
+                       gbps=io_bytes / ms / 1e6, tflops=flops / ms / 1e9)
+            rows.append(row)
+            print(f"b{batch:>4} s{seq_len:>5} h{heads:>3} {kv_name:>4} {name:>6}: {ms:.4f} ms "
+                  f"{row['gbps']:6.0f} GB/s ({row['gbps'] / copy_rate:.2f} copy) {row['tflops']:6.1f} TFLOP/s "
+                  f"work {plan.num_work}", flush=True)
+    return write_results("mla-sweep", dict(facts, copy_gbps=copy_rate, rows=rows), out_dir)

@@ -62,3 +62,47 @@ def run(head_dims=(64, 128, 256), dtypes=("bf16", "fp8e4m3"), context=4096, caus
             attention_fwd.CONFIGS[key] = original
         print(f"D={head_dim} {dtype_name}: best {best}, table row {original}", flush=True)
     return results
+
+
+def causal_order_ab(head_dim=128, contexts=(4096, 16384), fp8_candidates=((64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3))):
+    """Causal A/B of the launch order (one head's tiles longest-first vs groups of heads) and,
+    at the first context, of FP8 tile rows. V is row-major, so FP8 times include attention()'s
+    transposition, as the foundation bar counts them."""
+    device = torch.device("cuda")
+    arch = arch_of(device)
+    results = []
+    for context in contexts:
+        x = [torch.randn(4, context, 32, head_dim, device=device) for _ in range(3)]
+        for dtype_name in ("bf16", "fp8e4m3"):
+            is_fp8 = dtype_name.startswith("fp8")
+            if is_fp8:
+                (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(t, torch.float8_e4m3fn) for t in x)
+                descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+            else:
+                q, k, v = (t.to(torch.bfloat16) for t in x)
+                descales = {}
+            key = (arch.name, attention_fwd.padded_head_dim(head_dim), is_fp8)
+            original = attention_fwd.CONFIGS[key]
+            rows = [original]
+            if is_fp8 and context == contexts[0]:
+                rows = [attention_fwd.TileConfig(*row) for row in fp8_candidates]
+            for config in rows:
+                for max_heads in (1, 8):
+                    attention_fwd.CONFIGS[key] = config
+                    attention_fwd.LPT_MAX_HEADS = max_heads
+                    call = lambda: tileattn.attention(q, k, v, causal=True, **descales)
+                    try:
+                        call()
+                        ms = time_ms(call)
+                    except Exception as error:  # noqa: BLE001
+                        print(f"N={context} {dtype_name} {config} heads/group<={max_heads}: {type(error).__name__}")
+                        continue
+                    tflops = 2 * 4 * 32 * context * context * head_dim / ms / 1e9
+                    results.append({"N": context, "D": head_dim, "dtype": dtype_name,
+                                    "config": config.__dict__, "lpt_max_heads": max_heads,
+                                    "ms": ms, "tflops": tflops})
+                    print(f"N={context} {dtype_name} {tuple(config.__dict__.values())} "
+                          f"heads/group<={max_heads}: {ms:.4f} ms {tflops:.0f} TFLOP/s", flush=True)
+            attention_fwd.CONFIGS[key] = original
+            attention_fwd.LPT_MAX_HEADS = 8
+    return results

@@ -104,6 +104,16 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
     return _tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
 
 
+def preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """Where this kernel measured faster than the portable one on H100 (benchmarks/NOTES.md,
+    "Where the sm90 kernel should run"): 16-bit, non-causal, D 128 or 256, long keys. It
+    ties at D=64, loses under causal masks (37% behind its own non-causal rate) and for FP8,
+    and below ~4k keys its host launch (Triton's binder plus three TMA descriptors, ~60 us on
+    the lent host) costs more than the kernel saves."""
+    return (q.dtype in (torch.float16, torch.bfloat16) and not causal
+            and q.shape[3] in (128, 256) and k.shape[1] >= 4096)
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ class MLAConfig:
     num_stages: int
     min_chunk: int     # fewest keys per split-KV work item (a smaller item's q load and partial
                        # write cost more than its keys)
+    min_block_m: int = 16      # pad a block of H·q_len rows up to this (64: wgmma on sm90)
+    programs_per_sm: int = 1   # split-KV aims at this many resident programs per SM
+    fp8_compute: str = "q"     # an FP8 cache's MMAs in q's dtype, or "f16" (see kv_widen_mode)
 
 
 # (arch, schedule) -> config. Each row must fit the chip's shared memory with both a 16-bit and
@@ -72,8 +75,13 @@ class MLAConfig:
 #     for itself (no P exchange, half the accumulator per program). Cost: QK^T FLOPs and the
 #     KV tile's L2 traffic are paid dv_chunks times (the second read usually hits L2).
 # sm89 has 99 KB: a [block_m, 576] q plus one [block_n, 576] KV tile must fit with one stage.
+#
+# sm90 rows from the H100 sweep (results/2026-11-22-h100-session2/mla-sweep-*.json, batch 768
+# seq 2048 and batch 32 seq 8192): BLOCK_N 64 instead of 32 halves the per-tile softmax and
+# barrier overhead (H64 0.47 -> 0.61 of copy, H128 162 -> 212 TFLOP/s); 4 warps lost 2-3x at
+# 64 rows (one warpgroup holding a 64x512 fp32 accumulator; one such build faulted).
 CONFIGS: dict[tuple[str, str], MLAConfig] = {
-    ("sm90", "split_dv"): MLAConfig("split_dv", 64, 32, 1, 8, 2, 128),
+    ("sm90", "split_dv"): MLAConfig("split_dv", 64, 64, 1, 8, 2, 128),
     ("sm90", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
     ("sm80", "split_dv"): MLAConfig("split_dv", 64, 32, 1, 8, 2, 128),
     ("sm80", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
@@ -83,6 +91,12 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("cpu", "split_dv"): MLAConfig("split_dv", 16, 16, 1, 4, 1, 16),
     ("cpu", "dup_qk"): MLAConfig("dup_qk", 16, 16, 2, 4, 1, 16),
 }
+# Blocks of at most 32 rows (H·q_len <= 32) run on mma.sync, where one warpgroup of 4 warps
+# beat two (H16 batch 768: 0.95 of copy vs 0.76; H32: 0.88 vs 0.44), and split-KV aiming at
+# two programs per SM filled the chip better (batch 32 seq 8192 H32: 0.157 vs 0.181 ms).
+SMALL_BLOCK_CONFIGS: dict[tuple[str, str], MLAConfig] = {
+    ("sm90", "split_dv"): MLAConfig("split_dv", 32, 64, 1, 4, 2, 128, programs_per_sm=2),
+}
 DEFAULT_SCHEDULE = {"sm90": "split_dv", "sm80": "split_dv", "sm89": "dup_qk", "cpu": "split_dv"}
 # Chips whose rows are another chip's: same shared memory and MMA generation.
 _SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
@@ -90,14 +104,19 @@ _SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "s
 SCHEDULES = ("split_dv", "dup_qk")
 
 
-def config_for(arch: Arch, schedule: str | None = None) -> MLAConfig:
+def config_for(arch: Arch, schedule: str | None = None, num_rows: int = 128) -> MLAConfig:
+    """The row for a chip, schedule and H·q_len rows per sequence."""
     name = _SAME_CONFIGS_AS.get(arch.name, arch.name)
-    return CONFIGS[(name, schedule or DEFAULT_SCHEDULE[name])]
+    key = (name, schedule or DEFAULT_SCHEDULE[name])
+    small = SMALL_BLOCK_CONFIGS.get(key)
+    if small is not None and num_rows <= small.block_m:
+        return small
+    return CONFIGS[key]
 
 
 def rows_per_program(config: MLAConfig, num_rows: int) -> int:
     """BLOCK_M for H·q_len rows: the config's, or the smallest MMA-sized power of two above."""
-    return min(config.block_m, max(16, 1 << (num_rows - 1).bit_length()))
+    return min(config.block_m, max(config.min_block_m, 1 << (num_rows - 1).bit_length()))
 
 
 def programs_per_work_item(config: MLAConfig, num_rows: int) -> int:
@@ -113,6 +132,8 @@ def _widen(kv, dtype: tl.constexpr, KV_WIDEN: tl.constexpr):
     bias is 7 against fp32's 127, hence the exact ×2^120. Subnormal e4m3 become fp32
     subnormals, which the multiply keeps (Triton does not flush to zero by default).
     """
+    if KV_WIDEN == "f16":
+        return kv.to(tl.float16)
     if KV_WIDEN == "via_f32":
         return kv.to(tl.float32).to(dtype)
     if KV_WIDEN == "bytes":
@@ -208,6 +229,9 @@ def mla_decode_partial_kernel(
               + head.to(tl.int64) * stride_qh)
     q_nope = tl.load(q_rows[:, None] + tl.arange(0, 512)[None, :], mask=row_valid[:, None], other=0.0)
     q_pe = tl.load(q_rows[:, None] + 512 + tl.arange(0, 64)[None, :], mask=row_valid[:, None], other=0.0)
+    if KV_WIDEN == "f16":
+        q_nope = q_nope.to(tl.float16)
+        q_pe = q_pe.to(tl.float16)
 
     qk_scale = softmax_scale_log2
     v_scale = 1.0
@@ -301,17 +325,21 @@ def mla_decode_combine_kernel(
 COMBINE_ROWS = 16
 
 
-def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
+def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype,
+                  fp8_compute: str = "q") -> str:
     """How the kernel turns an FP8 cache tile into q's dtype on this chip.
 
     sm80 has no e4m3 type in Triton at all ("bytes", decoded by hand). On sm89 Triton widens
     e4m3 to bf16 through f16 and a cvt.bf16.f16 that only sm90 has, so bf16 goes through fp32
-    there ("via_f32"). Elsewhere the compiler's own conversion ("direct").
+    there ("via_f32"). Elsewhere the compiler's own conversion ("direct"). fp8_compute="f16"
+    narrows q to fp16 once per program instead, so e4m3 widens with one cvt per two values.
     """
     if kv_dtype != torch.float8_e4m3fn:
         return "direct"
     if not arch.has_fp8_mma:
         return "bytes"
+    if fp8_compute == "f16":
+        return "f16"
     if not arch.has_wgmma and arch.name != "cpu" and q_dtype == torch.bfloat16:
         return "via_f32"
     return "direct"
@@ -322,10 +350,10 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     """The launches for checked inputs and a matching plan; running them in order writes
     `out` and `lse`. No host synchronisation, no allocation: the plan owns the workspace."""
     batch, q_len, num_heads, _ = q.shape
-    kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
+    config = plan.config
+    kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype, config.fp8_compute)
     if kv_widen == "bytes":
         kv_cache = kv_cache.view(torch.uint8)
-    config = plan.config
     num_rows = q_len * num_heads
     block_m = rows_per_program(config, num_rows)
     args = dict(

@@ -1,0 +1,57 @@
+"""Which forward kernel attention() runs: a pure function of chip, inputs and TILEATTN_KERNEL.
+CPU tensors stand in for device tensors (the rule reads only shapes, dtypes and strides)."""
+
+import pytest
+import torch
+
+from tileattn.api import kernel_for
+from tileattn.arch import arch_for_capability
+from tileattn.fp8 import prepare_v
+
+SM90, SM80, SM89, SM100 = (arch_for_capability(c) for c in ((9, 0), (8, 0), (8, 9), (10, 0)))
+
+
+def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096):
+    q, k, v = (torch.randn(1, seqlen, 2, head_dim).to(dtype) for _ in range(3))
+    return q, k, v
+
+
+@pytest.fixture(autouse=True)
+def auto(monkeypatch):
+    monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_hopper_kernel_where_it_measured_faster(dtype, head_dim):
+    assert kernel_for(SM90, *inputs(dtype, head_dim), causal=False) == "sm90"
+
+
+@pytest.mark.parametrize("case", ["causal", "fp8", "d64", "short", "sm80", "sm89", "sm100",
+                                  "misaligned"])
+def test_portable_kernel_elsewhere(case):
+    arch = {"sm80": SM80, "sm89": SM89, "sm100": SM100}.get(case, SM90)
+    q, k, v = inputs(torch.float8_e4m3fn if case == "fp8" else torch.bfloat16,
+                     64 if case == "d64" else 128, 1024 if case == "short" else 4096)
+    if case == "fp8":
+        v = prepare_v(v)
+    if case == "misaligned":  # rows of 132 bf16 (264 B): strides TMA cannot address
+        q = torch.randn(1, 4096, 2, 132).to(torch.bfloat16)[..., :128]
+    assert kernel_for(arch, q, k, v, causal=case == "causal") == "portable"
+
+
+def test_environment_forces_either_kernel(monkeypatch):
+    q, k, v = inputs()
+    monkeypatch.setenv("TILEATTN_KERNEL", "portable")
+    assert kernel_for(SM90, q, k, v, causal=False) == "portable"
+    monkeypatch.setenv("TILEATTN_KERNEL", "sm90")
+    assert kernel_for(SM90, q, k, v, causal=True) == "sm90"
+    q8, k8, v8 = inputs(torch.float8_e4m3fn)
+    assert kernel_for(SM90, q8, k8, prepare_v(v8), causal=False) == "sm90"
+    assert kernel_for(SM80, q, k, v, causal=False) == "portable"  # no wgmma: never sm90
+
+
+def test_bad_environment_value_is_named(monkeypatch):
+    monkeypatch.setenv("TILEATTN_KERNEL", "cudnn")
+    with pytest.raises(ValueError, match="TILEATTN_KERNEL"):
+        kernel_for(SM90, *inputs(), causal=False)
