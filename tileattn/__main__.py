@@ -79,13 +79,21 @@ def _info(args) -> None:
     else:
         print(f"device: CPU ({'Triton interpreter' if interpreter_active() else 'fp64 reference path; set TRITON_INTERPRET=1 to run the kernel'})")
     print(f"arch row: {arch}")
+    if arch.has_wgmma:
+        from tileattn.kernels import attention_sm90
+        print("  fp16/bf16, non-causal, D 128/256, >= 4096 keys: Hopper Gluon kernel "
+              f"{ {d: attention_sm90.CONFIGS[(d, False)] for d in (128, 256)} } "
+              f"(TILEATTN_KERNEL={os.environ.get('TILEATTN_KERNEL', 'auto')})")
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         print(f"  {dtype}: V made K-major: {v_needs_k_major(arch, dtype)}")
         for head_dim in (64, 128, 256):
             if dtype.itemsize == 1 and not arch.has_fp8_mma:
                 continue
             config = attention_fwd.config_for(arch, head_dim, head_dim, dtype.itemsize == 1)
-            print(f"    D={head_dim}: portable kernel {config}")
+            causal_config = attention_fwd.config_for(arch, head_dim, head_dim,
+                                                     dtype.itemsize == 1, causal=True)
+            extra = f", causal {causal_config}" if causal_config != config else ""
+            print(f"    D={head_dim}: portable kernel {config}{extra}")
 
 
 def _bench(args) -> None:
