@@ -83,3 +83,14 @@ def test_deterministic():
     a, b = plan_for(CASES[5]), plan_for(CASES[5])
     assert torch.equal(a.work, b.work) and torch.equal(a.batch_slots, b.batch_slots)
     assert a.chunk_size == b.chunk_size
+
+
+def test_config_table_rules_out_a_one_warpgroup_64_row_block():
+    """4 warps holding a 64x512 fp32 accumulator faulted on the H100 (benchmarks/NOTES.md)."""
+    import pytest
+
+    from tileattn.kernels.mla_decode import MLAConfig
+    with pytest.raises(ValueError, match="accumulator"):
+        MLAConfig("split_dv", 64, 64, 1, 4, 2, 128)
+    MLAConfig("split_dv", 32, 64, 1, 4, 2, 128)  # <= 32 rows on 4 warps is the sm90 small row
+    MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128)    # half the V columns: half the accumulator

@@ -14,11 +14,22 @@ from tileattn.arch import arch_of
 from tileattn.kernels import attention_fwd
 
 from .common import time_ms
+from .prefill import BATCH, HEADS, flops
 
 # (BLOCK_M, BLOCK_N, warps, stages): one warpgroup per 64 query rows, as wgmma wants.
 CANDIDATES = [attention_fwd.TileConfig(*row) for row in [
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4),
     (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 4, 2)]]
+
+
+def _inputs(x, dtype_name, k_major_v):
+    """(q, k, v), descales from fp32 tensors x: bf16, or e4m3 per tensor (V K-major if asked)."""
+    if not dtype_name.startswith("fp8"):
+        return tuple(t.to(torch.bfloat16) for t in x), {}
+    (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(t, torch.float8_e4m3fn) for t in x)
+    if k_major_v:
+        v = tileattn.prepare_v(v)
+    return (q, k, v), dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
 
 def run(head_dims=(64, 128, 256), dtypes=("bf16", "fp8e4m3"), context=4096, causal=False):
@@ -27,15 +38,8 @@ def run(head_dims=(64, 128, 256), dtypes=("bf16", "fp8e4m3"), context=4096, caus
     results = []
     for head_dim, dtype_name in itertools.product(head_dims, dtypes):
         is_fp8 = dtype_name.startswith("fp8")
-        dtype = torch.float8_e4m3fn if is_fp8 else torch.bfloat16
-        q, k, v = (torch.randn(4, context, 32, head_dim, device=device) for _ in range(3))
-        descales = {}
-        if is_fp8:
-            (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype) for x in (q, k, v))
-            v = tileattn.prepare_v(v)
-            descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
-        else:
-            q, k, v = (x.to(dtype) for x in (q, k, v))
+        x = [torch.randn(BATCH, context, HEADS, head_dim, device=device) for _ in range(3)]
+        (q, k, v), descales = _inputs(x, dtype_name, k_major_v=True)
         reference = None
         key = (arch.name, attention_fwd.padded_head_dim(head_dim), is_fp8)
         original = attention_fwd.CONFIGS.get(key)
@@ -53,7 +57,7 @@ def run(head_dims=(64, 128, 256), dtypes=("bf16", "fp8e4m3"), context=4096, caus
             except Exception as error:  # noqa: BLE001 - out of resources etc.
                 print(f"D={head_dim} {dtype_name} {config}: {type(error).__name__}")
                 continue
-            tflops = 4 * 4 * 32 * context * context * head_dim / ms / 1e9 / (2 if causal else 1)
+            tflops = flops(context, head_dim, causal) / ms / 1e9
             results.append({"D": head_dim, "dtype": dtype_name, "config": config.__dict__,
                             "tflops": tflops})
             if best is None or tflops > best[1]:
@@ -72,15 +76,10 @@ def causal_order_ab(head_dim=128, contexts=(4096, 16384), fp8_candidates=((64, 1
     arch = arch_of(device)
     results = []
     for context in contexts:
-        x = [torch.randn(4, context, 32, head_dim, device=device) for _ in range(3)]
+        x = [torch.randn(BATCH, context, HEADS, head_dim, device=device) for _ in range(3)]
         for dtype_name in ("bf16", "fp8e4m3"):
             is_fp8 = dtype_name.startswith("fp8")
-            if is_fp8:
-                (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(t, torch.float8_e4m3fn) for t in x)
-                descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
-            else:
-                q, k, v = (t.to(torch.bfloat16) for t in x)
-                descales = {}
+            (q, k, v), descales = _inputs(x, dtype_name, k_major_v=False)
             key = (arch.name, attention_fwd.padded_head_dim(head_dim), is_fp8)
             original = attention_fwd.CONFIGS[key]
             rows = [original]
@@ -97,7 +96,7 @@ def causal_order_ab(head_dim=128, contexts=(4096, 16384), fp8_candidates=((64, 1
                     except Exception as error:  # noqa: BLE001
                         print(f"N={context} {dtype_name} {config} heads/group<={max_heads}: {type(error).__name__}")
                         continue
-                    tflops = 2 * 4 * 32 * context * context * head_dim / ms / 1e9
+                    tflops = flops(context, head_dim, True) / ms / 1e9
                     results.append({"N": context, "D": head_dim, "dtype": dtype_name,
                                     "config": config.__dict__, "lpt_max_heads": max_heads,
                                     "ms": ms, "tflops": tflops})

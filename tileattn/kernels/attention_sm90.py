@@ -421,7 +421,9 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
                    seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                    BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)
-    # (Gluon needs each partition's constexprs spelled out: tuples built in the kernel lose them.)
+    # (Gluon needs each partition's constexprs spelled out: tuples built in the kernel lose them.
+    # A shared tuple of the runtime arguments plus `+ (HALF, PINGPONG, ...)` fails to compile in
+    # Triton 3.6 even with gl.constexpr(...) literals, hence the three spelled-out lists.)
     if SPLIT:
         gl.warp_specialize([
             (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,

@@ -57,9 +57,15 @@ class MLAConfig:
     num_stages: int
     min_chunk: int     # fewest keys per split-KV work item (a smaller item's q load and partial
                        # write cost more than its keys)
-    min_block_m: int = 16      # pad a block of H·q_len rows up to this (64: wgmma on sm90)
     programs_per_sm: int = 1   # split-KV aims at this many resident programs per SM
-    fp8_compute: str = "q"     # an FP8 cache's MMAs in q's dtype, or "f16" (see kv_widen_mode)
+
+    def __post_init__(self):
+        # H100: 64 rows x 512 V columns on 4 warps (256 fp32 accumulator registers a thread)
+        # ran 2-3x slower, and one such build (BLOCK_N 64) faulted with an illegal memory access.
+        per_thread = self.block_m * (HEAD_DIM_NOPE // self.dv_chunks) // (32 * self.num_warps)
+        if per_thread > 128:
+            raise ValueError(f"an MLA config may hold at most 128 accumulator values a thread, "
+                             f"got {per_thread}: {self}")
 
 
 # (arch, schedule) -> config. Each row must fit the chip's shared memory with both a 16-bit and
@@ -116,7 +122,7 @@ def config_for(arch: Arch, schedule: str | None = None, num_rows: int = 128) -> 
 
 def rows_per_program(config: MLAConfig, num_rows: int) -> int:
     """BLOCK_M for H·q_len rows: the config's, or the smallest MMA-sized power of two above."""
-    return min(config.block_m, max(config.min_block_m, 1 << (num_rows - 1).bit_length()))
+    return min(config.block_m, max(16, 1 << (num_rows - 1).bit_length()))
 
 
 def programs_per_work_item(config: MLAConfig, num_rows: int) -> int:
@@ -132,8 +138,6 @@ def _widen(kv, dtype: tl.constexpr, KV_WIDEN: tl.constexpr):
     bias is 7 against fp32's 127, hence the exact ×2^120. Subnormal e4m3 become fp32
     subnormals, which the multiply keeps (Triton does not flush to zero by default).
     """
-    if KV_WIDEN == "f16":
-        return kv.to(tl.float16)
     if KV_WIDEN == "via_f32":
         return kv.to(tl.float32).to(dtype)
     if KV_WIDEN == "bytes":
@@ -229,9 +233,6 @@ def mla_decode_partial_kernel(
               + head.to(tl.int64) * stride_qh)
     q_nope = tl.load(q_rows[:, None] + tl.arange(0, 512)[None, :], mask=row_valid[:, None], other=0.0)
     q_pe = tl.load(q_rows[:, None] + 512 + tl.arange(0, 64)[None, :], mask=row_valid[:, None], other=0.0)
-    if KV_WIDEN == "f16":
-        q_nope = q_nope.to(tl.float16)
-        q_pe = q_pe.to(tl.float16)
 
     qk_scale = softmax_scale_log2
     v_scale = 1.0
@@ -325,21 +326,17 @@ def mla_decode_combine_kernel(
 COMBINE_ROWS = 16
 
 
-def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype,
-                  fp8_compute: str = "q") -> str:
+def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
     """How the kernel turns an FP8 cache tile into q's dtype on this chip.
 
     sm80 has no e4m3 type in Triton at all ("bytes", decoded by hand). On sm89 Triton widens
     e4m3 to bf16 through f16 and a cvt.bf16.f16 that only sm90 has, so bf16 goes through fp32
-    there ("via_f32"). Elsewhere the compiler's own conversion ("direct"). fp8_compute="f16"
-    narrows q to fp16 once per program instead, so e4m3 widens with one cvt per two values.
+    there ("via_f32"). Elsewhere the compiler's own conversion ("direct").
     """
     if kv_dtype != torch.float8_e4m3fn:
         return "direct"
     if not arch.has_fp8_mma:
         return "bytes"
-    if fp8_compute == "f16":
-        return "f16"
     if not arch.has_wgmma and arch.name != "cpu" and q_dtype == torch.bfloat16:
         return "via_f32"
     return "direct"
@@ -351,7 +348,7 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     `out` and `lse`. No host synchronisation, no allocation: the plan owns the workspace."""
     batch, q_len, num_heads, _ = q.shape
     config = plan.config
-    kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype, config.fp8_compute)
+    kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
     if kv_widen == "bytes":
         kv_cache = kv_cache.view(torch.uint8)
     num_rows = q_len * num_heads
