@@ -15,6 +15,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_api_errors.py tests/test_arch.py tests/test_fp8.py 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+    launchtests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "cached_launch or cuda_graph" 2>&1 | tee "$OUT/launchtests.log" | tail -5 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
     sm90tests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "${SM90_TESTS:-pingpong and not float8 and not True or dispatches}" 2>&1 | tee "$OUT/sm90tests.log" | tail -15 ;;
     causalab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.causal_order_ab(); open('$OUT/causal-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/causal-ab.log" | tail -30 ;;

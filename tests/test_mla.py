@@ -247,3 +247,10 @@ def test_plan_bad_input(kwargs, error, message):
     args.update(kwargs)
     with pytest.raises(error, match=message):
         tileattn.mla_plan(torch.tensor([3, 20], dtype=torch.int32), **args)
+
+
+def test_plan_refuses_more_work_items_than_one_launch_holds():
+    seq_lens = torch.full((mla_kernels.MAX_WORK_ITEMS + 1,), 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="work items"):
+        tileattn.mla_plan(seq_lens, num_heads=16, page_size=16, kv_dtype=torch.float16,
+                          device="cpu")

@@ -80,3 +80,16 @@ def test_sm90_uses_wgmma_and_older_chips_mma_sync(compiled):
             assert row["mma_sync"] > 0, row
         else:
             assert row["wgmma"] == 0 and row["mma_sync"] > 0, row
+
+
+def test_fp8_cache_streams_asynchronously(compiled):
+    """An FP8 cache must reach shared memory through cp.async like a 16-bit one: a tile loaded
+    to registers and stored by hand stalls on every KV tile (sm90 PTX once had 4 cp.async for
+    FP8 against 72 for bf16, and FP8 ran slower than bf16 on H100)."""
+    partial = {(row["arch"], row["schedule"], row["kv"], row["heads"]): row
+               for row in compiled["rows"] if row["kernel"] == "mla_decode_partial_kernel"}
+    for (arch, schedule, kv, heads), row in partial.items():
+        if kv != "torch.float8_e4m3fn" or arch == "sm80":   # sm80 decodes FP8 bytes by hand
+            continue
+        bf16 = partial[(arch, schedule, "torch.bfloat16", heads)]
+        assert row["cp_async"] >= bf16["cp_async"] // 2, (row, bf16)

@@ -241,12 +241,17 @@ def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, sched
 def plan_for_config(lengths: list[int], config, *, num_heads, q_len, page_size, kv_dtype, device):
     """The plan for checked arguments and a given MLA kernel config (mla_plan takes the
     chip's; the config sweep in tileattn/bench/mla.py passes its candidates)."""
-    return scheduler.make_mla_plan(
+    plan = scheduler.make_mla_plan(
         lengths, num_heads=num_heads, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype,
         head_dim_v=mla_kernels.HEAD_DIM_NOPE,
         programs_per_item=mla_kernels.programs_per_work_item(config, num_heads * q_len),
         num_sms=num_sms(device) * config.programs_per_sm, block_n=config.block_n,
         min_chunk=config.min_chunk, device=device, config=config)
+    if plan.num_work > mla_kernels.MAX_WORK_ITEMS:
+        raise ValueError(f"seq_lens holds {len(lengths)} sequences, which split into "
+                         f"{plan.num_work} work items; at most {mla_kernels.MAX_WORK_ITEMS} "
+                         "fit one launch: split the batch")
+    return plan
 
 
 def _check_mla_inputs(q, kv_cache, page_table, seq_lens, softmax_scale, kv_descale) -> None:

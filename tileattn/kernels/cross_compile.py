@@ -48,7 +48,9 @@ class KernelLaunch:
             self.kernel[self.grid](**self.args, **self.constexprs,
                                    num_warps=self.num_warps, num_stages=self.num_stages)
             return
-        key = self._specialization_key()
+        ordered = [self.constexprs[name] if name in self.constexprs else self.args[name]
+                   for name in self.kernel.arg_names]
+        key = self._specialization_key(ordered)
         compiled = _COMPILED.get(key)
         if compiled is None:
             _COMPILED[key] = self.kernel[self.grid](**self.args, **self.constexprs,
@@ -56,27 +58,29 @@ class KernelLaunch:
                                                     num_stages=self.num_stages)
             return
         grid = (*self.grid, 1, 1)
-        ordered = [self.constexprs[name] if name in self.constexprs else self.args[name]
-                   for name in self.kernel.arg_names]
         compiled.run(grid[0], grid[1], grid[2], torch.cuda.current_stream().cuda_stream,
                      compiled.function, compiled.packed_metadata, None, None, None, *ordered)
 
-    def _specialization_key(self) -> tuple:
-        """Everything Triton's JIT specializes a compiled kernel on (see cross_compile below)."""
+    def _specialization_key(self, ordered: list) -> tuple:
+        """Everything Triton's JIT specializes a compiled kernel on (see cross_compile below):
+        constexprs by value; tensors by dtype and 16-byte alignment; ints by ==1, %16 and
+        32-bit range. Dispatches on exact types first: this runs on every launch."""
         key = [self.kernel, self.num_warps, self.num_stages, torch.cuda.current_device()]
-        for name in self.kernel.arg_names:
-            if name in self.constexprs:
-                key.append(self.constexprs[name])
-                continue
-            value = self.args[name]
-            if isinstance(value, torch.Tensor):
-                key.append((value.dtype, value.data_ptr() % 16 == 0))
-            elif isinstance(value, bool) or value is None:
+        constexprs = self.constexprs
+        for name, value in zip(self.kernel.arg_names, ordered):
+            kind = type(value)
+            if kind is int and name not in constexprs:
+                key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
+            elif kind is float:
+                key.append(float)
+            elif kind is bool or value is None or name in constexprs:
                 key.append(value)
+            elif isinstance(value, torch.Tensor):
+                key.append((value.dtype, value.data_ptr() % 16 == 0))
             elif isinstance(value, int):
                 key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
             else:
-                key.append(type(value))
+                key.append(kind)
         return tuple(key)
 
 

@@ -153,7 +153,7 @@ def _attend_kv_tiles(
     kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
     tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
-    MASKED: tl.constexpr, KV_WIDEN: tl.constexpr,
+    MASKED: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over KV tokens [tile_start, tile_end)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -189,15 +189,20 @@ def _attend_kv_tiles(
             visible = in_range[None, :] & (token[None, :] < key_limit[:, None])
             qk = tl.where(visible, qk, float("-inf"))
         p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
-        if DV_BLOCK == 512:
-            v = kv_nope   # split_dv: V is the tile already loaded for QK^T
+        if REUSE_KV_AS_V:
+            v = kv_nope   # V is the tile already loaded for QK^T
         else:
             # dup_qk: this program owns a slice of V's columns; re-reading them (L1/L2 hits)
             # is cheaper than slicing a register tile, which Triton cannot do.
+            # FP8 cache: one tile feeding two MMAs through a widening is not pipelined (the
+            # compiler loads it to registers and stores it to shared memory itself); a second
+            # load for V (an L1/L2 hit) gives each load one use, and both ride cp.async. The
+            # eviction hint also keeps the compiler from merging it with the load above.
             if MASKED:
-                v = tl.load(row_ptrs[:, None] + offs_v[None, :], mask=in_range[:, None], other=0.0)
+                v = tl.load(row_ptrs[:, None] + offs_v[None, :], mask=in_range[:, None], other=0.0,
+                            eviction_policy="evict_first")
             else:
-                v = tl.load(row_ptrs[:, None] + offs_v[None, :])
+                v = tl.load(row_ptrs[:, None] + offs_v[None, :], eviction_policy="evict_first")
             v = _widen(v, q_nope.dtype, KV_WIDEN)
         acc = tl.dot(p.to(q_nope.dtype), v, acc)
         m_i = m_new
@@ -214,11 +219,14 @@ def mla_decode_partial_kernel(
     num_heads, q_len, num_rows,
     softmax_scale_log2,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
-    HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr,
+    HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
 ):
-    work_id = tl.program_id(0)
-    row_block = tl.program_id(1)
-    dv_offset = tl.program_id(2) * DV_BLOCK
+    # The programs of one work item (its row blocks x V column chunks) are adjacent in launch
+    # order (grid axis 0), so the KV tiles that the first pulls from HBM are in L2 for the others.
+    DV_CHUNKS: tl.constexpr = 512 // DV_BLOCK
+    work_id = tl.program_id(1)
+    row_block = tl.program_id(0) // DV_CHUNKS
+    dv_offset = (tl.program_id(0) % DV_CHUNKS) * DV_BLOCK
     batch = tl.load(work_ptr + work_id * 4)
     kv_start = tl.load(work_ptr + work_id * 4 + 1)
     kv_end = tl.load(work_ptr + work_id * 4 + 2)
@@ -255,11 +263,11 @@ def mla_decode_partial_kernel(
     acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
         kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
-        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN)
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V)
     acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
         full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
-        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN)
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
@@ -324,6 +332,9 @@ def mla_decode_combine_kernel(
 
 
 COMBINE_ROWS = 16
+# Work items run on grid axis 1 (the programs of one item are adjacent on axis 0), and CUDA
+# caps that axis at 65535 blocks; api.mla_plan refuses plans with more.
+MAX_WORK_ITEMS = 65535
 
 
 def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
@@ -366,8 +377,9 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     )
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_N=config.block_n,
                       DV_BLOCK=HEAD_DIM_NOPE // config.dv_chunks,
-                      HAS_DESCALE=kv_descale is not None, KV_WIDEN=kv_widen)
-    grid = (plan.num_work, -(-num_rows // block_m), config.dv_chunks)
+                      HAS_DESCALE=kv_descale is not None, KV_WIDEN=kv_widen,
+                      REUSE_KV_AS_V=config.dv_chunks == 1 and kv_cache.dtype == q.dtype)
+    grid = (-(-num_rows // block_m) * config.dv_chunks, plan.num_work)
     launches = [KernelLaunch(mla_decode_partial_kernel, grid, args, constexprs,
                              config.num_warps, config.num_stages)]
     if plan.num_slots > 0:
