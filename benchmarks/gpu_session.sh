@@ -16,6 +16,13 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_api_errors.py tests/test_arch.py tests/test_fp8.py 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
     launchtests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "cached_launch or cuda_graph" 2>&1 | tee "$OUT/launchtests.log" | tail -5 ;;
+    mlaprofile) for shape in $(echo "${MLA_PROFILE:-16:bf16,16:fp8}" | tr , ' '); do
+        ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:mla_decode_partial \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+          --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
+          python3 benchmarks/mla_profile.py ${shape//:/ } > "$OUT/ncu-mla-${shape//:/-}.txt" 2>&1
+        grep -E "Duration|Throughput|Warp Cycles Per Issued|Issue Slots|Stall|Achieved Occupancy|Registers Per|Shared Memory Config|Block Limit|One or More|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/ncu-mla-${shape//:/-}.txt" | head -40
+      done ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
     sm90tests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "${SM90_TESTS:-pingpong and not float8 and not True or dispatches}" 2>&1 | tee "$OUT/sm90tests.log" | tail -15 ;;
     causalab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.causal_order_ab(); open('$OUT/causal-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/causal-ab.log" | tail -30 ;;

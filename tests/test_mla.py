@@ -5,6 +5,8 @@ bf16 tl.dot is unreliable in the interpreter, so q here is fp16 with fp16 or FP8
 runs in tests/gpu/test_mla_gpu.py.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -131,6 +133,36 @@ def test_sm80_byte_decoding_of_fp8():
                                                   plan, SCALE, sm80):
         launch.run()
     assert_matches_reference(out, lse, q, kv, page_table, lens, descale)
+
+
+@needs_kernels
+@pytest.mark.parametrize("q_magnitude", [1.0, 3e5], ids=["unit-q", "q-past-fp16-range"])
+def test_fp8_cache_with_fp16_mmas(q_magnitude):
+    """The fp8_in_f16 knob runs the MMAs in fp16 for a bf16 q: rows of q past fp16's range
+    (65504) must be scaled down exactly and their scores scaled back. (bf16 q runs here only
+    because this path has no bf16 dot, which the interpreter gets wrong.)"""
+    q, kv, page_table, lens, descale = make_inputs([3, 70, 129], q_len=2, kv_dtype=E4M3)
+    q = (q.float() * q_magnitude).to(torch.bfloat16)
+    q[0, 0, :4] /= q_magnitude   # rows of very different size in one block
+    plan = tileattn.mla_plan(lens, num_heads=16, q_len=2, page_size=16, kv_dtype=kv.dtype,
+                             device="cpu")
+    # Both FP8 knobs, as sm90's small-block row ships them.
+    plan = dataclasses.replace(plan, config=dataclasses.replace(
+        plan.config, fp8_in_f16=True, fp8_reread_v=True))
+    out = torch.empty(3, 2, 16, 512, dtype=q.dtype)
+    lse = torch.empty(3, 2, 16)
+    scale = SCALE / q_magnitude
+    launches = mla_kernels.mla_decode_launches(q, kv, page_table, lens, descale, out, lse, plan,
+                                               scale, arch_for_capability((9, 0)))
+    assert launches[0].constexprs["FP8_IN_F16"] and not launches[0].constexprs["REUSE_KV_AS_V"]
+    for launch in launches:
+        launch.run()
+    ref, ref_lse = mla_decode_reference(q, kv, page_table, lens, softmax_scale=scale,
+                                        kv_descale=descale)
+    assert torch.isfinite(out).all(), "output has NaN/inf"
+    error = float((out.double() - ref).norm() / ref.norm())
+    assert error < TOLERANCE[torch.bfloat16], error
+    assert float(((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max()) < LSE_TOLERANCE
 
 
 # ---- errors ---------------------------------------------------------------------------------

@@ -58,6 +58,11 @@ class MLAConfig:
     min_chunk: int     # fewest keys per split-KV work item (a smaller item's q load and partial
                        # write cost more than its keys)
     programs_per_sm: int = 1   # split-KV aims at this many resident programs per SM
+    # FP8 cache only. fp8_reread_v: load V again (an L1/L2 hit) instead of reusing the K tile,
+    # so each load has one MMA use and rides cp.async. fp8_in_f16: run the MMAs in fp16 (q
+    # row-scaled) rather than q's dtype, one widening instruction per pair of values fewer.
+    fp8_reread_v: bool = False
+    fp8_in_f16: bool = False
 
     def __post_init__(self):
         # H100: 64 rows x 512 V columns on 4 warps (256 fp32 accumulator registers a thread)
@@ -91,8 +96,10 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("sm90", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
     ("sm80", "split_dv"): MLAConfig("split_dv", 64, 32, 1, 8, 2, 128),
     ("sm80", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
-    ("sm89", "split_dv"): MLAConfig("split_dv", 32, 16, 1, 4, 1, 128),
-    ("sm89", "dup_qk"): MLAConfig("dup_qk", 32, 16, 2, 4, 1, 128),
+    # sm89: the FP8 knobs as on sm90's mma.sync rows (same code path; not measured on an sm89).
+    ("sm89", "split_dv"): MLAConfig("split_dv", 32, 16, 1, 4, 1, 128, fp8_reread_v=True,
+                                    fp8_in_f16=True),
+    ("sm89", "dup_qk"): MLAConfig("dup_qk", 32, 16, 2, 4, 1, 128, fp8_in_f16=True),
     # The interpreter: small tiles so short test sequences still span several tiles and splits.
     ("cpu", "split_dv"): MLAConfig("split_dv", 16, 16, 1, 4, 1, 16),
     ("cpu", "dup_qk"): MLAConfig("dup_qk", 16, 16, 2, 4, 1, 16),
@@ -100,8 +107,14 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
 # Blocks of at most 32 rows (H·q_len <= 32) run on mma.sync, where one warpgroup of 4 warps
 # beat two (H16 batch 768: 0.95 of copy vs 0.76; H32: 0.88 vs 0.44), and split-KV aiming at
 # two programs per SM filled the chip better (batch 32 seq 8192 H32: 0.157 vs 0.181 ms).
+#
+# FP8 cache on mma.sync (these rows and sm89's): both fp8_ knobs on. H100, batch 768 seq 2048,
+# results/2026-11-22-h100-session3/: re-reading V took H16 from 1.04 to 0.91 ms and fp16 MMAs
+# to 0.74 ms (H32 1.28 -> 1.18, batch 32 seq 8192 H16 0.189 -> 0.159). On the wgmma rows both
+# lost (re-read H64 1.25 -> 1.57 ms, H128 2.48 -> 2.99; fp16 +1-4%), so they stay off there.
 SMALL_BLOCK_CONFIGS: dict[tuple[str, str], MLAConfig] = {
-    ("sm90", "split_dv"): MLAConfig("split_dv", 32, 64, 1, 4, 2, 128, programs_per_sm=2),
+    ("sm90", "split_dv"): MLAConfig("split_dv", 32, 64, 1, 4, 2, 128, programs_per_sm=2,
+                                    fp8_reread_v=True, fp8_in_f16=True),
 }
 DEFAULT_SCHEDULE = {"sm90": "split_dv", "sm80": "split_dv", "sm89": "dup_qk", "cpu": "split_dv"}
 # Chips whose rows are another chip's: same shared memory and MMA generation.
@@ -149,11 +162,12 @@ def _widen(kv, dtype: tl.constexpr, KV_WIDEN: tl.constexpr):
 
 @triton.jit
 def _attend_kv_tiles(
-    acc, l_i, m_i, q_nope, q_pe,
+    acc, l_i, m_i, q_nope, q_pe, q_row_scale,
     kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
     tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     MASKED: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
+    Q_ROW_SCALED: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over KV tokens [tile_start, tile_end)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -184,6 +198,8 @@ def _attend_kv_tiles(
         kv_rope = _widen(kv_rope, q_nope.dtype, KV_WIDEN)
         qk = tl.dot(q_nope, tl.trans(kv_nope))
         qk = tl.dot(q_pe, tl.trans(kv_rope), qk)
+        if Q_ROW_SCALED:
+            qk = qk * q_row_scale[:, None]
         if MASKED:
             # key_limit already stops at the sequence end; in_range also guards the chunk end.
             visible = in_range[None, :] & (token[None, :] < key_limit[:, None])
@@ -194,10 +210,10 @@ def _attend_kv_tiles(
         else:
             # dup_qk: this program owns a slice of V's columns; re-reading them (L1/L2 hits)
             # is cheaper than slicing a register tile, which Triton cannot do.
-            # FP8 cache: one tile feeding two MMAs through a widening is not pipelined (the
-            # compiler loads it to registers and stores it to shared memory itself); a second
-            # load for V (an L1/L2 hit) gives each load one use, and both ride cp.async. The
-            # eviction hint also keeps the compiler from merging it with the load above.
+            # fp8_reread_v: on mma.sync, an FP8 tile feeding two MMAs through a widening is
+            # not pipelined (the compiler loads it to registers and stores it to shared memory
+            # itself); a second load for V gives each load one use, and both ride cp.async.
+            # The eviction hint also keeps the compiler from merging it with the load above.
             if MASKED:
                 v = tl.load(row_ptrs[:, None] + offs_v[None, :], mask=in_range[:, None], other=0.0,
                             eviction_policy="evict_first")
@@ -220,6 +236,7 @@ def mla_decode_partial_kernel(
     softmax_scale_log2,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
+    FP8_IN_F16: tl.constexpr,
 ):
     # The programs of one work item (its row blocks x V column chunks) are adjacent in launch
     # order (grid axis 0), so the KV tiles that the first pulls from HBM are in L2 for the others.
@@ -241,6 +258,17 @@ def mla_decode_partial_kernel(
               + head.to(tl.int64) * stride_qh)
     q_nope = tl.load(q_rows[:, None] + tl.arange(0, 512)[None, :], mask=row_valid[:, None], other=0.0)
     q_pe = tl.load(q_rows[:, None] + 512 + tl.arange(0, 64)[None, :], mask=row_valid[:, None], other=0.0)
+    q_row_scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if FP8_IN_F16:
+        # e4m3 widens to fp16 in one instruction per pair (bf16 takes a second one per value),
+        # and fp16 keeps 3 more mantissa bits than bf16, but it overflows past 65504: each row
+        # of q is divided by the power of two that brings its largest |value| under 2^14, and
+        # its scores are multiplied back in the loop.
+        q_amax = tl.maximum(tl.max(tl.abs(q_nope.to(tl.float32)), 1),
+                            tl.max(tl.abs(q_pe.to(tl.float32)), 1))
+        q_row_scale = tl.exp2(tl.maximum(tl.ceil(tl.log2(tl.maximum(q_amax, 1.0))) - 14.0, 0.0))
+        q_nope = (q_nope.to(tl.float32) / q_row_scale[:, None]).to(tl.float16)
+        q_pe = (q_pe.to(tl.float32) / q_row_scale[:, None]).to(tl.float16)
 
     qk_scale = softmax_scale_log2
     v_scale = 1.0
@@ -261,13 +289,13 @@ def mla_decode_partial_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DV_BLOCK], dtype=tl.float32)
     acc, l_i, m_i = _attend_kv_tiles(
-        acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
+        acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
         kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
-        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V)
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16)
     acc, l_i, m_i = _attend_kv_tiles(
-        acc, l_i, m_i, q_nope, q_pe, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
+        acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
         full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
-        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V)
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
@@ -378,7 +406,9 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_N=config.block_n,
                       DV_BLOCK=HEAD_DIM_NOPE // config.dv_chunks,
                       HAS_DESCALE=kv_descale is not None, KV_WIDEN=kv_widen,
-                      REUSE_KV_AS_V=config.dv_chunks == 1 and kv_cache.dtype == q.dtype)
+                      REUSE_KV_AS_V=config.dv_chunks == 1 and not (
+                          config.fp8_reread_v and kv_cache.dtype != q.dtype),
+                      FP8_IN_F16=config.fp8_in_f16 and kv_cache.dtype != q.dtype)
     grid = (-(-num_rows // block_m) * config.dv_chunks, plan.num_work)
     launches = [KernelLaunch(mla_decode_partial_kernel, grid, args, constexprs,
                              config.num_warps, config.num_stages)]
