@@ -23,6 +23,13 @@ for step in "$@"; do
           python3 benchmarks/mla_profile.py ${shape//:/ } > "$OUT/ncu-mla-${shape//:/-}.txt" 2>&1
         grep -E "Duration|Throughput|Warp Cycles Per Issued|Issue Slots|Stall|Achieved Occupancy|Registers Per|Shared Memory Config|Block Limit|One or More|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/ncu-mla-${shape//:/-}.txt" | head -40
       done ;;
+    sm90configs) python3 -c "
+import json, os, pathlib
+from tileattn.bench import sm90_sweep
+raw = json.loads(os.environ['SM90_CANDIDATES'])   # {\"128,0\": [[block_n, stages, split], ...]}
+cands = {(int(k.split(',')[0]), bool(int(k.split(',')[1]))): [tuple(c) for c in v] for k, v in raw.items()}
+sm90_sweep.config_sweep(pathlib.Path('$OUT'), cands, contexts=(4096, 16384), causal_values=(False,))
+" 2>&1 | tee "$OUT/sm90configs.log" | tail -30 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
     sm90tests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "${SM90_TESTS:-pingpong and not float8 and not True or dispatches}" 2>&1 | tee "$OUT/sm90tests.log" | tail -15 ;;
     causalab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.causal_order_ab(); open('$OUT/causal-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/causal-ab.log" | tail -30 ;;
@@ -39,9 +46,10 @@ for dt in (torch.bfloat16, torch.float8_e4m3fn):
         q, k, v = (x.to(dt) for x in (q, k, v)); d = {}
     for causal in (False, True):
         tileattn.attention(q, k, v, causal=causal, return_lse=True, **d)
-for heads, q_len in ((16, 1), (16, 2), (64, 1)):
+for heads, q_len, kv_dtype in ((16, 1, torch.bfloat16), (16, 2, torch.bfloat16), (64, 1, torch.bfloat16),
+                              (16, 2, torch.float8_e4m3fn), (64, 1, torch.float8_e4m3fn)):
     lens = torch.tensor([1, 70, 300], dtype=torch.int32, device='cuda'); page = 16
-    kv = torch.randn(80, page, 576, device='cuda', dtype=torch.bfloat16)
+    kv = torch.randn(80, page, 576, device='cuda', dtype=torch.bfloat16).to(kv_dtype)
     table = torch.randperm(80, device='cuda').to(torch.int32)[:60].reshape(3, 20)
     q = torch.randn(3, q_len, heads, 576, device='cuda', dtype=torch.bfloat16)
     tileattn.mla_decode(q, kv, table, lens.clamp(min=q_len), softmax_scale=0.07)

@@ -109,3 +109,20 @@ def test_cuda_graph_capture_and_replay_with_new_data(kv_dtype):
         graph.replay()
         torch.cuda.synchronize()
         check(out, lse, q, kv, page_table, seq_lens, descale)
+
+
+@pytest.mark.parametrize("num_heads,q_len", [(16, 1), (16, 2), (32, 1)])
+def test_fp8_cache_with_q_past_fp16_range(num_heads, q_len):
+    """The FP8 rows that run their MMAs in fp16 scale each q row down by a power of two: a q
+    whose values pass 65504 must still give the reference's answer."""
+    q, kv, page_table, seq_lens, descale = make_inputs([3, 700, 129], num_heads, q_len, 16,
+                                                       torch.bfloat16, torch.float8_e4m3fn)
+    q = (q.float() * 3e5).to(torch.bfloat16)
+    scale = SCALE / 3e5
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=scale,
+                                   kv_descale=descale, return_lse=True)
+    ref, ref_lse = mla_decode_reference(q, kv, page_table, seq_lens, softmax_scale=scale,
+                                        kv_descale=descale)
+    assert torch.isfinite(out).all()
+    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCE[q.dtype]
+    assert float(((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max()) < LSE_TOLERANCE

@@ -103,14 +103,17 @@ CANDIDATES = {  # (block_n, num_stages, split): lockstep vs ping-pong consumers 
 }
 
 
-def config_sweep(out_dir: pathlib.Path) -> list[dict]:
-    """TFLOP/s of each candidate config, N in {4096, 16384}, causal or not."""
+def config_sweep(out_dir: pathlib.Path, candidates=None, contexts=(4096, 16384),
+                 causal_values=(False, True)) -> list[dict]:
+    """TFLOP/s of each candidate config (default CANDIDATES), beside cuDNN bf16 on the same
+    inputs; each candidate's output is checked against the first one's."""
     rows = []
-    for (head_dim, is_fp8), candidates in CANDIDATES.items():
-        for context in (4096, 16384):
-            for causal in (False, True):
+    for (head_dim, is_fp8), configs in (candidates or CANDIDATES).items():
+        for context in contexts:
+            for causal in causal_values:
                 shape = (BATCH, context, HEADS, head_dim)
                 x = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+                cudnn = flops(context, head_dim, causal) / time_ms(lambda: cudnn_bf16(*x, causal)) / 1e9
                 if is_fp8:
                     quantized = [quantize_fp8(t) for t in x]
                     q, k, v = (t for t, _ in quantized)
@@ -119,13 +122,23 @@ def config_sweep(out_dir: pathlib.Path) -> list[dict]:
                 else:
                     (q, k, v), descales = x, (None,) * 3
                 out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
-                for block_n, stages, split in candidates:
+                first = None
+                for block_n, stages, split in configs:
                     config = attention_sm90.Sm90Config(block_n, stages, split=split)
-                    launch = attention_sm90.attention_sm90_launch(
-                        q, k, v, out, None, *descales, head_dim ** -0.5, causal, config=config)
                     row = {"head_dim": head_dim, "fp8": is_fp8, "context": context,
                            "causal": causal, "block_n": block_n, "stages": stages, "split": split,
-                           "tflops": flops(context, head_dim, causal) / time_ms(launch.run) / 1e9}
+                           "cudnn-bf16": cudnn}
+                    try:
+                        launch = attention_sm90.attention_sm90_launch(
+                            q, k, v, out, None, *descales, head_dim ** -0.5, causal, config=config)
+                        launch.run()
+                        got = out.float()
+                        if first is None:
+                            first = got.clone()
+                        row["err_vs_first"] = float((got - first).norm() / first.norm())
+                        row["tflops"] = flops(context, head_dim, causal) / time_ms(launch.run) / 1e9
+                    except Exception as exc:  # noqa: BLE001 - out of resources etc.
+                        row["error"] = repr(exc)[:200]
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 (out_dir / "sm90_configs.json").write_text(json.dumps(rows, indent=1))
