@@ -15,7 +15,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_api_errors.py tests/test_arch.py tests/test_fp8.py 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
-    launchtests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "cached_launch or cuda_graph" 2>&1 | tee "$OUT/launchtests.log" | tail -5 ;;
+    launchtests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "cached_launch or cuda_graph or repeat_calls" 2>&1 | tee "$OUT/launchtests.log" | tail -5 ;;
     mlaprofile) for shape in $(echo "${MLA_PROFILE:-16:bf16,16:fp8}" | tr , ' '); do
         ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:mla_decode_partial \
           --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \

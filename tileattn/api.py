@@ -13,7 +13,7 @@ import torch
 from . import fp8, reference
 from .arch import FP8_DTYPES, arch_of, v_needs_k_major
 from .kernels import attention_fwd, interpreter_active
-from .kernels.cross_compile import on_device
+from .kernels.cross_compile import launch_hooks_clear, on_device
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 INPUT_DTYPES = (torch.float16, torch.bfloat16) + FP8_DTYPES
@@ -58,6 +58,12 @@ def check_descale(name: str, descale, batch: int, heads: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # attention()
 # ---------------------------------------------------------------------------------------------
+
+def _check_softmax_scale(softmax_scale) -> None:
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
+                                          and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite float or None, got {softmax_scale!r}")
+
 
 def _check_attention_inputs(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                             out_dtype) -> None:
@@ -104,9 +110,7 @@ def _check_attention_inputs(q, k, v, causal, softmax_scale, q_descale, k_descale
     check_same_device(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
-                                          and math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a positive finite float or None, got {softmax_scale!r}")
+    _check_softmax_scale(softmax_scale)
     if out_dtype is not None and out_dtype not in OUTPUT_DTYPES:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
 
@@ -125,6 +129,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     CPU tensors run the same Triton kernel when TRITON_INTERPRET=1 was set before import, and
     the fp64 reference otherwise.
     """
+    signature = _call_signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                out_dtype, return_lse)
+    cached = _CALLS.get(signature) if signature is not None else None
+    if cached is not None and launch_hooks_clear():
+        _check_softmax_scale(softmax_scale)
+        return cached(q, k, v, q_descale, k_descale, v_descale, softmax_scale)
+
     _check_attention_inputs(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                             out_dtype)
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -142,18 +153,21 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
         return (out, lse.to(torch.float32)) if return_lse else out
 
     arch = arch_of(q.device)
-    if v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v):
+    given_v = v
+    transposes_v = v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v)
+    if transposes_v:
         v = fp8.prepare_v(v)
     if is_fp8:
         # The kernel reads every descale; a missing one is 1.0.
-        one = torch.ones((), dtype=torch.float32, device=q.device)
-        q_descale, k_descale, v_descale = (one if d is None else d
+        q_descale, k_descale, v_descale = (_unit_descale(q.device) if d is None else d
                                            for d in (q_descale, k_descale, v_descale))
-    out = torch.empty((batch, seqlen_q, num_q_heads, v.shape[3]), dtype=out_dtype, device=q.device)
-    lse = (torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device)
-           if return_lse else None)
+    out_shape = (batch, seqlen_q, num_q_heads, v.shape[3])
+    lse_shape = (batch, num_q_heads, seqlen_q) if return_lse else None
+    out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
     with on_device(q.device):
-        if kernel_for(arch, q, k, v, causal) == "sm90":
+        kernel = kernel_for(arch, q, k, v, causal)
+        if kernel == "sm90":
             from .kernels import attention_sm90
             launch = attention_sm90.attention_sm90_launch(
                 q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale, causal)
@@ -161,7 +175,77 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
             launch = attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale,
                                                     v_descale, softmax_scale, causal, arch)
         launch.run()
+        if signature is not None and kernel == "portable":
+            _remember_call(signature, launch, given_v if transposes_v else None, out_shape,
+                           out_dtype, lse_shape, is_fp8, softmax_scale)
     return (out, lse) if return_lse else out
+
+
+# ---- the call cache: later calls of the same signature skip the checks and the launch setup --
+
+# Signature -> function(q, k, v, q_descale, k_descale, v_descale, softmax_scale). A signature
+# holds everything the checks and the launch read besides tensor contents and the scale's
+# value: shapes, strides, dtypes, devices, 16-byte alignment, flags and TILEATTN_KERNEL. On the
+# lent H100's host the checks and launch setup cost more than an N=1024 kernel
+# (benchmarks/NOTES.md, "Host overhead"), so repeat calls replay the bound launches instead.
+_CALLS: dict[tuple, object] = {}
+_MAX_CALLS = 1024
+_UNIT_DESCALES: dict[torch.device, torch.Tensor] = {}
+
+
+def _unit_descale(device: torch.device) -> torch.Tensor:
+    """A float32 1.0 on device, made once (never handed to the caller, never written).
+    Not during a CUDA graph capture: a tensor made there is only filled when the graph replays."""
+    one = _UNIT_DESCALES.get(device)
+    if one is None:
+        one = torch.ones((), dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _UNIT_DESCALES[device] = one
+    return one
+
+
+def _call_signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                    out_dtype, return_lse) -> tuple | None:
+    """The cache key of a call, or None for a call the cache does not take (anything but plain
+    tensors; CPU tensors, which never launch through it)."""
+    parts = [type(causal), causal, softmax_scale is None, out_dtype, return_lse,
+             os.environ.get("TILEATTN_KERNEL")]
+    for x in (q, k, v, q_descale, k_descale, v_descale):
+        if x is None:
+            parts.append(None)
+        elif type(x) is torch.Tensor and x.is_cuda:
+            parts.append((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _remember_call(signature, launch, transposed_v, out_shape, out_dtype, lse_shape, is_fp8,
+                   default_scale) -> None:
+    """Bind a call the checks passed, so later calls with its signature replay it."""
+    run_attention = attention_fwd.bind_attention(launch)
+    prepare_v = fp8.bind_prepare_v(transposed_v) if transposed_v is not None else None
+    if run_attention is None or (transposed_v is not None and prepare_v is None):
+        return
+    device = transposed_v.device if transposed_v is not None else launch.args["q_ptr"].device
+
+    def call(q, k, v, q_descale, k_descale, v_descale, softmax_scale):
+        if is_fp8:
+            q_descale, k_descale, v_descale = (_unit_descale(device) if d is None else d
+                                               for d in (q_descale, k_descale, v_descale))
+        out = torch.empty(out_shape, dtype=out_dtype, device=device)
+        lse = (torch.empty(lse_shape, dtype=torch.float32, device=device)
+               if lse_shape is not None else None)
+        with on_device(device):
+            if prepare_v is not None:
+                v = prepare_v(v)
+            run_attention(q, k, v, out, lse, q_descale, k_descale, v_descale,
+                          default_scale if softmax_scale is None else softmax_scale)
+        return (out, lse) if lse_shape is not None else out
+
+    if len(_CALLS) >= _MAX_CALLS:
+        _CALLS.clear()
+    _CALLS[signature] = call
 
 
 KERNELS = ("auto", "portable", "sm90")

@@ -56,3 +56,19 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
     with on_device(v.device):
         transpose_v_launch(v, out).run()
     return out.permute(0, 3, 1, 2)
+
+
+def bind_prepare_v(v: torch.Tensor):
+    """prepare_v for later V tensors of v's shape, strides, dtype and alignment, with its launch
+    bound (api's call cache); None where it cannot be bound. Call prepare_v(v) once first."""
+    batch, seqlen, heads, head_dim = v.shape
+    out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
+    bound = transpose_v_launch(v, out).bind()
+    if bound is None:
+        return None
+
+    def run(v: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
+        bound.run(v_ptr=v, out_ptr=out)
+        return out.permute(0, 3, 1, 2)
+    return run

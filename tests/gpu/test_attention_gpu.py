@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tileattn
+from tileattn import api
 from tileattn.arch import FP8_DTYPES
 from tileattn.reference import attention_reference
 
@@ -70,9 +71,51 @@ def test_cached_launch_matches_triton_launch(dtype):
     fast = tileattn.attention(q, k, v, causal=True)
     saved = dict(cross_compile._COMPILED)
     cross_compile._COMPILED.clear()
+    api._CALLS.clear()   # else the call cache replays its bound launch
     slow = tileattn.attention(q, k, v, causal=True)  # first launch of a key: Triton's path
     cross_compile._COMPILED.update(saved)
     assert torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+def test_repeat_calls_replay_the_checked_launch(dtype):
+    """A call with an earlier call's signature skips the checks and the launch setup (the
+    call cache): it must still read this call's tensors, scale and descales, transpose this
+    call's V, and write fresh outputs."""
+    api._CALLS.clear()
+    qkv_shape = (2, 333, 8 + 2 + 2, 128)   # fused qkv: q strided, GQA 8 / 2
+
+    def call(seed, softmax_scale=None, descales=True):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        qkv = torch.randn(qkv_shape, device="cuda", generator=gen)
+        if dtype in FP8_DTYPES:
+            qkv, qkv_descale = tileattn.quantize_fp8(qkv, dtype)
+            kwargs = dict(q_descale=qkv_descale, k_descale=qkv_descale, v_descale=qkv_descale)
+        else:
+            qkv, kwargs = qkv.to(dtype), {}
+        q, k, v = qkv[:, :, :8], qkv[:, :, 8:10], qkv[:, :, 10:]
+        if not descales:
+            kwargs = {}
+        out, lse = tileattn.attention(q, k, v, causal=True, softmax_scale=softmax_scale,
+                                      return_lse=True, **kwargs)
+        ref, ref_lse = attention_reference(q, k, v, causal=True, softmax_scale=softmax_scale,
+                                           **kwargs)
+        assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[dtype]
+        assert float(((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max()) < LSE_TOLERANCES[dtype]
+        return out
+
+    for seed in range(3):   # new data each time: each must match its own reference
+        call(seed)
+    assert len(api._CALLS) == 1, "the repeat calls did not go through the call cache"
+    for seed, scale in ((3, 0.05), (4, 0.2)):   # a second signature; each call's scale is read
+        call(seed, softmax_scale=scale)
+    assert len(api._CALLS) == 2
+    with pytest.raises(ValueError, match="softmax_scale"):   # checked on the replayed path too
+        call(7, softmax_scale=-1.0)
+    if dtype in FP8_DTYPES:
+        for seed in (5, 6):   # missing descales are 1.0 on the replayed path too
+            call(seed, descales=False)
+        assert len(api._CALLS) == 3
 
 
 def test_cuda_graph_capture_and_replay():

@@ -84,12 +84,53 @@ class KernelLaunch:
         return tuple(key)
 
 
+    def bind(self) -> "BoundLaunch | None":
+        """This launch with its tensors left open, for calls that differ from it only in
+        tensors of the same dtype and alignment (and float scalars); None where the fast path
+        does not apply or the specialization is not compiled yet (run() once first)."""
+        if not _fast_launch_possible(self.kernel):
+            return None
+        ordered = [self.constexprs[name] if name in self.constexprs else self.args[name]
+                   for name in self.kernel.arg_names]
+        compiled = _COMPILED.get(self._specialization_key(ordered))
+        if compiled is None:
+            return None
+        return BoundLaunch(compiled, (*self.grid, 1, 1)[:3], ordered, self.kernel.arg_names)
+
+
+class BoundLaunch:
+    """A compiled launch whose tensor arguments are given per call (see KernelLaunch.bind).
+    It keeps no tensor of the call it was made from; every tensor slot must be filled."""
+
+    def __init__(self, compiled, grid: tuple[int, int, int], ordered: list, names: list[str]):
+        self.compiled = compiled
+        self.grid = grid
+        self.tensor_names = frozenset(name for name, value in zip(names, ordered)
+                                      if isinstance(value, torch.Tensor))
+        self.ordered = [None if name in self.tensor_names else value
+                        for name, value in zip(names, ordered)]
+        self.index = {name: i for i, name in enumerate(names)}
+
+    def run(self, **values) -> None:
+        if not self.tensor_names <= values.keys():
+            raise TypeError(f"BoundLaunch.run needs every tensor of its launch: "
+                            f"missing {sorted(self.tensor_names - values.keys())}")
+        args = list(self.ordered)
+        for name, value in values.items():
+            args[self.index[name]] = value
+        compiled = self.compiled
+        compiled.run(self.grid[0], self.grid[1], self.grid[2],
+                     torch.cuda.current_stream().cuda_stream, compiled.function,
+                     compiled.packed_metadata, None, None, None, *args)
+
+
 # Compiled kernels by specialization key, for KernelLaunch.run's fast path.
 _COMPILED: dict[tuple, Any] = {}
 
 
-def _no_launch_hooks() -> bool:
-    """Triton keeps its launch hooks as (usually empty) HookChains, or a user's function."""
+def launch_hooks_clear() -> bool:
+    """No profiler or user hook watches Triton's launches (bound launches would bypass it).
+    Triton keeps its launch hooks as (usually empty) HookChains, or a user's function."""
     return all(hook is None or (isinstance(hook, HookChain) and not hook.calls)
                for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
@@ -97,7 +138,7 @@ def _no_launch_hooks() -> bool:
 def _fast_launch_possible(kernel) -> bool:
     # Interpreted kernels, and launches watched by hooks (profilers), take Triton's own path.
     return (not isinstance(kernel, InterpretedFunction) and torch.cuda.is_available()
-            and _no_launch_hooks())
+            and launch_hooks_clear())
 
 
 def on_device(device: torch.device):
