@@ -88,14 +88,12 @@ def test_repeat_calls_replay_the_checked_launch(dtype):
     def call(seed, softmax_scale=None, descales=True):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         qkv = torch.randn(qkv_shape, device="cuda", generator=gen)
-        if dtype in FP8_DTYPES:
+        if dtype in FP8_DTYPES and descales:
             qkv, qkv_descale = tileattn.quantize_fp8(qkv, dtype)
             kwargs = dict(q_descale=qkv_descale, k_descale=qkv_descale, v_descale=qkv_descale)
-        else:
+        else:   # FP8 without descales: randn values as they are, descales 1.0
             qkv, kwargs = qkv.to(dtype), {}
         q, k, v = qkv[:, :, :8], qkv[:, :, 8:10], qkv[:, :, 10:]
-        if not descales:
-            kwargs = {}
         out, lse = tileattn.attention(q, k, v, causal=True, softmax_scale=softmax_scale,
                                       return_lse=True, **kwargs)
         ref, ref_lse = attention_reference(q, k, v, causal=True, softmax_scale=softmax_scale,
