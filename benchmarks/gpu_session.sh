@@ -23,6 +23,14 @@ for step in "$@"; do
           python3 benchmarks/mla_profile.py ${shape//:/ } > "$OUT/ncu-mla-${shape//:/-}.txt" 2>&1
         grep -E "Duration|Throughput|Warp Cycles Per Issued|Issue Slots|Stall|Achieved Occupancy|Registers Per|Shared Memory Config|Block Limit|One or More|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/ncu-mla-${shape//:/-}.txt" | head -40
       done ;;
+    prefillprofile) for shape in $(echo "${PREFILL_PROFILE:-128:fp8e4m3-vT:16384:0:portable}" | tr , ' '); do
+        ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:attention|fmha|sdpa|cudnn|flash" \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
+          --section SchedulerStats --section InstructionStats --section LaunchStats --section MemoryWorkloadAnalysis \
+          --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active \
+          python3 benchmarks/prefill_profile.py ${shape//:/ } > "$OUT/ncu-prefill-${shape//:/-}.txt" 2>&1
+        echo "--- $shape"; grep -E "^  [a-zA-Z_]|Duration|Registers Per|Block Size|Grid Size|Shared Memory Config|Achieved Occupancy|Issue Slots Busy|Issued Warp|No Eligible|Warp Cycles Per Issued|pipe_|Compute \(SM\) Throughput|Memory Throughput|Theoretical Occ" "$OUT/ncu-prefill-${shape//:/-}.txt" | head -30
+      done ;;
     sm90configs) python3 -c "
 import json, os, pathlib
 from tileattn.bench import sm90_sweep
@@ -32,6 +40,7 @@ sm90_sweep.config_sweep(pathlib.Path('$OUT'), cands, contexts=(4096, 16384), cau
 " 2>&1 | tee "$OUT/sm90configs.log" | tail -30 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
     sm90tests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "${SM90_TESTS:-pingpong and not float8 and not True or dispatches}" 2>&1 | tee "$OUT/sm90tests.log" | tail -15 ;;
+    lazyab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.lazy_rescale_ab(); open('$OUT/lazy-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/lazy-ab.log" | tail -14 ;;
     causalab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.causal_order_ab(); open('$OUT/causal-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/causal-ab.log" | tail -30 ;;
     mlasweep) python3 -c "from tileattn.bench import mla; import json, os; a = json.loads(os.environ.get('MLA_SWEEP', '{}')); mla.sweep('$OUT', **{k: [tuple(x) for x in v] for k, v in a.items()})" 2>&1 | tee "$OUT/mla-sweep.log" | tail -90 ;;
     sweep) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(); open('$OUT/sweep.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep.log" | grep -v "^$" | tail -12 ;;
@@ -56,6 +65,7 @@ for heads, q_len, kv_dtype in ((16, 1, torch.bfloat16), (16, 2, torch.bfloat16),
 torch.cuda.synchronize(); print('sanitizer case ran')
 " 2>&1 | tail -5; echo "sanitizer exit ${PIPESTATUS[0]}" ;;
     bench) python3 -m tileattn bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^prefill \[" | tail -80 ;;
+    gridbench) python3 -m tileattn bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/gridbench.log" | grep -v "^prefill \\[" | tail -60 ;;
     quickbench) python3 -m tileattn bench --quick --out "$OUT" 2>&1 | tail -30 ;;
     shortbench) python3 -m tileattn bench --head-dims 64 128 --contexts 1024 2048 4096 --out "$OUT" 2>&1 | grep -v "^prefill \\[" | tail -40 ;;
     accuracy) python3 -m tileattn accuracy --out "$OUT" 2>&1 | tail -40 ;;

@@ -71,6 +71,27 @@ def test_matches_reference(shape, dtype):
     assert_close_to_reference(out, lse, q, k, v, causal, descales)
 
 
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_growing_along_the_keys(dtype, causal):
+    """Row maxima that climb block after block: some blocks raise a row's max by less than
+    2^8 (the lazy rescale keeps the old reference and P exceeds 1), some by more (it rescales)."""
+    gen = torch.Generator().manual_seed(3)
+    seqlen, head_dim = 150, 64
+    ramp = 0.02 * torch.arange(seqlen, dtype=torch.float32)            # key norm grows with j
+    q = 1.0 + 0.3 * torch.randn(1, seqlen, 2, head_dim, generator=gen)
+    k = ramp[None, :, None, None] * (1.0 + 0.3 * torch.randn(1, seqlen, 2, head_dim, generator=gen))
+    v = torch.randn(1, seqlen, 2, head_dim, generator=gen)
+    q, k, v = (x.to(DEVICE) for x in (q, k, v))
+    if dtype in arch_module.FP8_DTYPES:
+        (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype) for x in (q, k, v))
+        descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        q, k, v, descales = q.to(dtype), k.to(dtype), v.to(dtype), {}
+    out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True, **descales)
+    assert_close_to_reference(out, lse, q, k, v, causal, descales)
+
+
 def test_fully_masked_rows_are_zero():
     q, k, v, _ = make_inputs((1, 50, 10, 2, 2, 64, 64, True), torch.float16)
     out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)

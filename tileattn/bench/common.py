@@ -24,6 +24,17 @@ def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median")
 
 
+def spin_up(seconds: float = 2.0) -> None:
+    """Keep the GPU busy for a while before the first timing, so that it is not taken while
+    the clocks are still rising (the first point of one H100 grid ran at half speed)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start = time.time()
+    while time.time() - start < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def device_facts(device: torch.device | None = None) -> dict:
     device = device or torch.device("cuda")
     props = torch.cuda.get_device_properties(device)

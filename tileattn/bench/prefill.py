@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import tileattn
 
-from .common import Progress, device_facts, time_ms, write_results
+from .common import Progress, device_facts, spin_up, time_ms, write_results
 
 BATCH, HEADS = 4, 32
 HEAD_DIMS = (64, 128, 256)
@@ -221,6 +221,7 @@ def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> di
     points = [(d, c, n) for d in head_dims for c in (False, True) for n in contexts]
     rows = []
     progress = Progress(len(points) * len(table), "prefill")
+    spin_up()
     for head_dim, causal, context in points:
         gen = torch.Generator(device=device).manual_seed(context + head_dim)
         shape = (BATCH, context, HEADS, head_dim)
