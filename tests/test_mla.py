@@ -136,11 +136,14 @@ def test_sm80_byte_decoding_of_fp8():
 
 
 @needs_kernels
-@pytest.mark.parametrize("q_magnitude", [1.0, 3e5], ids=["unit-q", "q-past-fp16-range"])
-def test_fp8_cache_with_fp16_mmas(q_magnitude):
+@pytest.mark.parametrize("q_magnitude,v_chunks", [(1.0, 1), (3e5, 1), (1.0, 4)],
+                         ids=["unit-q", "q-past-fp16-range", "v-in-4-chunks"])
+def test_fp8_cache_with_fp16_mmas(q_magnitude, v_chunks):
     """The fp8_in_f16 knob runs the MMAs in fp16 for a bf16 q: rows of q past fp16's range
     (65504) must be scaled down exactly and their scores scaled back. (bf16 q runs here only
-    because this path has no bf16 dot, which the interpreter gets wrong.)"""
+    because this path has no bf16 dot, which the interpreter gets wrong.) fp8_v_chunks splits
+    the re-read V and the accumulator into column chunks. (fp8_v_asm_rows, inline PTX, cannot
+    run in the interpreter: the launch leaves it off here.)"""
     q, kv, page_table, lens, descale = make_inputs([3, 70, 129], q_len=2, kv_dtype=E4M3)
     q = (q.float() * q_magnitude).to(torch.bfloat16)
     q[0, 0, :4] /= q_magnitude   # rows of very different size in one block
@@ -148,13 +151,15 @@ def test_fp8_cache_with_fp16_mmas(q_magnitude):
                              device="cpu")
     # Both FP8 knobs, as sm90's small-block row ships them.
     plan = dataclasses.replace(plan, config=dataclasses.replace(
-        plan.config, fp8_in_f16=True, fp8_reread_v=True))
+        plan.config, fp8_in_f16=True, fp8_reread_v=True, fp8_v_chunks=v_chunks,
+        fp8_v_asm_rows=32))
     out = torch.empty(3, 2, 16, 512, dtype=q.dtype)
     lse = torch.empty(3, 2, 16)
     scale = SCALE / q_magnitude
     launches = mla_kernels.mla_decode_launches(q, kv, page_table, lens, descale, out, lse, plan,
                                                scale, arch_for_capability((9, 0)))
     assert launches[0].constexprs["FP8_IN_F16"] and not launches[0].constexprs["REUSE_KV_AS_V"]
+    assert launches[0].constexprs["V_CHUNKS"] == v_chunks and not launches[0].constexprs["V_ASM"]
     for launch in launches:
         launch.run()
     ref, ref_lse = mla_decode_reference(q, kv, page_table, lens, softmax_scale=scale,

@@ -42,7 +42,8 @@ def compile_case(cap, schedule, kv_dtype, num_heads, page_size=64):
                        "shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
                        "regs": c.num_regs, "wgmma": count(r"wgmma\.mma_async"),
                        "mma_sync": count(r"mma\.sync"), "cp_async": count(r"cp\.async\.c[ag]"),
-                       "local": count(r"ld\.local|st\.local")})
+                       "local": count(r"ld\.local|st\.local"),
+                       "ld_shared_b8": count(r"ld\.shared\.[bu]8")})
     return result
 
 rows = []
@@ -93,3 +94,15 @@ def test_fp8_cache_streams_asynchronously(compiled):
             continue
         bf16 = partial[(arch, schedule, "torch.bfloat16", heads)]
         assert row["cp_async"] >= bf16["cp_async"] // 2, (row, bf16)
+
+
+def test_sm90_small_block_fp8_reads_v_without_byte_loads(compiled):
+    """sm90's 16-row FP8 build widens V by inline PTX (fp8_v_asm_rows): the FP8 tile is read
+    from shared memory in wide rows and V reaches the MMA through an fp16 tile and
+    ldmatrix.trans, not as 512 single-byte loads. Its fp16 staging buffer is one of 4 V column
+    chunks, so that two programs still fit an SM (228 KB, 1 KB reserved for each)."""
+    row = next(row for row in compiled["rows"] if row["kernel"] == "mla_decode_partial_kernel"
+               and row["arch"] == "sm90" and row["schedule"] == "split_dv"
+               and row["kv"] == "torch.float8_e4m3fn" and row["heads"] == 16)
+    assert row["ld_shared_b8"] == 0, row
+    assert 2 * (row["shared"] + 1024) <= 228 * 1024, row

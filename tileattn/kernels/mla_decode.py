@@ -38,8 +38,9 @@ import triton
 import triton.language as tl
 
 from ..arch import Arch
+from . import interpreter_active
 from .cross_compile import KernelLaunch
-from .softmax import online_softmax_step
+from .softmax import online_softmax_probs
 
 HEAD_DIM_NOPE = 512   # latent width; also V's width
 HEAD_DIM_ROPE = 64
@@ -63,6 +64,16 @@ class MLAConfig:
     # row-scaled) rather than q's dtype, one widening instruction per pair of values fewer.
     fp8_reread_v: bool = False
     fp8_in_f16: bool = False
+    # fp8_v_chunks (FP8 cache with a re-read V): V is loaded, widened and multiplied in that
+    # many column chunks, each into its own accumulator; fewer live registers at once, and a
+    # chunk's fp16 staging buffer (below) is one chunk wide and reused.
+    # fp8_v_asm_rows (also needs fp8_in_f16): in blocks of at most this many rows (0: never),
+    # V is widened by inline PTX, which the compiler cannot move past the layout conversion to
+    # the MMA operand (it does move its own widening there): the FP8 tile is then read from
+    # shared memory in 16-byte rows, widened in registers, stored back as fp16 and read with
+    # ldmatrix.trans, instead of byte by byte.
+    fp8_v_asm_rows: int = 0
+    fp8_v_chunks: int = 1
 
     def __post_init__(self):
         # H100: 64 rows x 512 V columns on 4 warps (256 fp32 accumulator registers a thread)
@@ -71,6 +82,10 @@ class MLAConfig:
         if per_thread > 128:
             raise ValueError(f"an MLA config may hold at most 128 accumulator values a thread, "
                              f"got {per_thread}: {self}")
+        v_chunk = HEAD_DIM_NOPE // self.dv_chunks // self.fp8_v_chunks
+        if v_chunk < 16 or v_chunk & (v_chunk - 1):
+            raise ValueError(f"fp8_v_chunks must leave V chunks of a power of two >= 16 columns: "
+                             f"{self}")
 
 
 # (arch, schedule) -> config. Each row must fit the chip's shared memory with both a 16-bit and
@@ -98,8 +113,9 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("sm80", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
     # sm89: the FP8 knobs as on sm90's mma.sync rows (same code path; not measured on an sm89).
     ("sm89", "split_dv"): MLAConfig("split_dv", 32, 16, 1, 4, 1, 128, fp8_reread_v=True,
-                                    fp8_in_f16=True),
-    ("sm89", "dup_qk"): MLAConfig("dup_qk", 32, 16, 2, 4, 1, 128, fp8_in_f16=True),
+                                    fp8_in_f16=True, fp8_v_asm_rows=32),
+    ("sm89", "dup_qk"): MLAConfig("dup_qk", 32, 16, 2, 4, 1, 128, fp8_in_f16=True,
+                                  fp8_v_asm_rows=32),
     # The interpreter: small tiles so short test sequences still span several tiles and splits.
     ("cpu", "split_dv"): MLAConfig("split_dv", 16, 16, 1, 4, 1, 16),
     ("cpu", "dup_qk"): MLAConfig("dup_qk", 16, 16, 2, 4, 1, 16),
@@ -112,9 +128,20 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
 # results/2026-11-22-h100-session3/: re-reading V took H16 from 1.04 to 0.91 ms and fp16 MMAs
 # to 0.74 ms (H32 1.28 -> 1.18, batch 32 seq 8192 H16 0.189 -> 0.159). On the wgmma rows both
 # lost (re-read H64 1.25 -> 1.57 ms, H128 2.48 -> 2.99; fp16 +1-4%), so they stay off there.
+#
+# fp8_v_chunks / fp8_v_asm_rows (SASS only, not yet timed on a GPU). sm90 H16 FP8 build, both
+# loops: 512 LDS.U8 (V's mma.sync B fragment read byte by byte: V is token-major and sm90 has
+# no 8-bit ldmatrix.trans), 129 STL / 127 LDL spills, 9552 instructions before; 0 LDS.U8,
+# LDS.128 + STS.128 + 64 LDSM.16.MT88.4, no spills, 188 registers, 5688 instructions after.
+# The V copies became 16-byte cp.async (136 LDGSTS.128, was 72 .128 + 128 .64); bar.sync
+# 26 -> 56. With 4 chunks the fp16 staging buffer is 16 KB: 104 KB a program, two per SM
+# still fit (a whole 64 KB tile: 152 KB). H32 blocks (124 KB with the asm) only chunk:
+# spills 329 -> 39 STL, 13096 -> 10128 instructions, 108 KB, LDS.U8 unchanged.
+# sm89 rows (one stage, no cp.async there): LDS.U8 128 -> 0, registers 203 -> 168 (split_dv).
 SMALL_BLOCK_CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("sm90", "split_dv"): MLAConfig("split_dv", 32, 64, 1, 4, 2, 128, programs_per_sm=2,
-                                    fp8_reread_v=True, fp8_in_f16=True),
+                                    fp8_reread_v=True, fp8_in_f16=True, fp8_v_asm_rows=16,
+                                    fp8_v_chunks=4),
 }
 DEFAULT_SCHEDULE = {"sm90": "split_dv", "sm80": "split_dv", "sm89": "dup_qk", "cpu": "split_dv"}
 # Chips whose rows are another chip's: same shared memory and MMA generation.
@@ -161,19 +188,34 @@ def _widen(kv, dtype: tl.constexpr, KV_WIDEN: tl.constexpr):
 
 
 @triton.jit
+def _widen_v(v, dtype: tl.constexpr, KV_WIDEN: tl.constexpr, V_ASM: tl.constexpr):
+    """V's tile in dtype; with V_ASM (e4m3 to fp16 only), by cvt.rn.f16x2.e4m3x2 in inline PTX
+    (not pure, so that the compiler keeps it where it stands: see MLAConfig.fp8_v_asm_rows).
+    Four values a call: bytes 0-1 of the packed input become the first output word."""
+    if V_ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+    return _widen(v, dtype, KV_WIDEN)
+
+
+@triton.jit
 def _attend_kv_tiles(
     acc, l_i, m_i, q_nope, q_pe, q_row_scale,
     kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
     tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     MASKED: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
-    Q_ROW_SCALED: tl.constexpr,
+    Q_ROW_SCALED: tl.constexpr, V_ASM: tl.constexpr, V_CHUNKS: tl.constexpr,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over KV tokens [tile_start, tile_end)."""
+    """Online-softmax update of (acc, l_i, m_i) over KV tokens [tile_start, tile_end).
+    acc is a tuple of V_CHUNKS accumulators, chunk c holding V columns
+    dv_offset + c * DV_BLOCK // V_CHUNKS onwards."""
+    VC_BLOCK: tl.constexpr = DV_BLOCK // V_CHUNKS
     offs_n = tl.arange(0, BLOCK_N)
     offs_nope = tl.arange(0, 512)
     offs_rope = 512 + tl.arange(0, 64)
-    offs_v = dv_offset + tl.arange(0, DV_BLOCK)
     for start_n in tl.range(tile_start, tile_end, BLOCK_N):
         token = start_n + offs_n
         # Any page_size works: each token finds its own page. PAGE_SIZE is a compile-time
@@ -204,23 +246,28 @@ def _attend_kv_tiles(
             # key_limit already stops at the sequence end; in_range also guards the chunk end.
             visible = in_range[None, :] & (token[None, :] < key_limit[:, None])
             qk = tl.where(visible, qk, float("-inf"))
-        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
-        if REUSE_KV_AS_V:
-            v = kv_nope   # V is the tile already loaded for QK^T
-        else:
-            # dup_qk: this program owns a slice of V's columns; re-reading them (L1/L2 hits)
-            # is cheaper than slicing a register tile, which Triton cannot do.
-            # fp8_reread_v: on mma.sync, an FP8 tile feeding two MMAs through a widening is
-            # not pipelined (the compiler loads it to registers and stores it to shared memory
-            # itself); a second load for V gives each load one use, and both ride cp.async.
-            # The eviction hint also keeps the compiler from merging it with the load above.
-            if MASKED:
-                v = tl.load(row_ptrs[:, None] + offs_v[None, :], mask=in_range[:, None], other=0.0,
-                            eviction_policy="evict_first")
+        p, alpha, l_i, m_new = online_softmax_probs(qk, m_i, l_i, qk_scale, MASKED)
+        p = p.to(q_nope.dtype)
+        # V_CHUNKS > 1 (re-read V only): one load, widening and MMA per column chunk, each into
+        # its own accumulator, so that a chunk's fp16 staging buffer (V_ASM) can be reused.
+        for c in tl.static_range(V_CHUNKS):
+            if REUSE_KV_AS_V:
+                v = kv_nope   # V is the tile already loaded for QK^T
             else:
-                v = tl.load(row_ptrs[:, None] + offs_v[None, :], eviction_policy="evict_first")
-            v = _widen(v, q_nope.dtype, KV_WIDEN)
-        acc = tl.dot(p.to(q_nope.dtype), v, acc)
+                # dup_qk: this program owns a slice of V's columns; re-reading them (L1/L2 hits)
+                # is cheaper than slicing a register tile, which Triton cannot do.
+                # fp8_reread_v: on mma.sync, an FP8 tile feeding two MMAs through a widening is
+                # not pipelined (the compiler loads it to registers and stores it to shared memory
+                # itself); a second load for V gives each load one use, and both ride cp.async.
+                # The eviction hint also keeps the compiler from merging it with the load above.
+                offs_v = dv_offset + c * VC_BLOCK + tl.arange(0, VC_BLOCK)
+                if MASKED:
+                    v = tl.load(row_ptrs[:, None] + offs_v[None, :], mask=in_range[:, None],
+                                other=0.0, eviction_policy="evict_first")
+                else:
+                    v = tl.load(row_ptrs[:, None] + offs_v[None, :], eviction_policy="evict_first")
+                v = _widen_v(v, q_nope.dtype, KV_WIDEN, V_ASM)
+            acc = acc[:c] + (tl.dot(p, v, acc[c] * alpha[:, None]),) + acc[c + 1:]
         m_i = m_new
     return acc, l_i, m_i
 
@@ -236,7 +283,7 @@ def mla_decode_partial_kernel(
     softmax_scale_log2,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
-    FP8_IN_F16: tl.constexpr,
+    FP8_IN_F16: tl.constexpr, V_ASM: tl.constexpr, V_CHUNKS: tl.constexpr,
 ):
     # The programs of one work item (its row blocks x V column chunks) are adjacent in launch
     # order (grid axis 0), so the KV tiles that the first pulls from HBM are in L2 for the others.
@@ -287,32 +334,40 @@ def mla_decode_partial_kernel(
     page_table_row = page_table_ptr + batch.to(tl.int64) * stride_page_table_b
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, DV_BLOCK], dtype=tl.float32)
+    acc = ()
+    for c in tl.static_range(V_CHUNKS):
+        acc = acc + (tl.zeros([BLOCK_M, DV_BLOCK // V_CHUNKS], dtype=tl.float32),)
     acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
         kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
-        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16)
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16, V_ASM, V_CHUNKS)
     acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
         full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
-        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16)
+        PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16, V_ASM, V_CHUNKS)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    acc = acc * (v_scale / l_safe)[:, None]
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    offs_v = dv_offset + tl.arange(0, DV_BLOCK)
+    out_acc = ()
+    for c in tl.static_range(V_CHUNKS):
+        out_acc = out_acc + (acc[c] * (v_scale / l_safe)[:, None],)
+    VC_BLOCK: tl.constexpr = DV_BLOCK // V_CHUNKS
     if slot < 0:
-        out_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + token.to(tl.int64)[:, None] * stride_os
-                    + head.to(tl.int64)[:, None] * stride_oh + offs_v[None, :])
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+        for c in tl.static_range(V_CHUNKS):
+            offs_v = dv_offset + c * VC_BLOCK + tl.arange(0, VC_BLOCK)
+            out_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + token.to(tl.int64)[:, None] * stride_os
+                        + head.to(tl.int64)[:, None] * stride_oh + offs_v[None, :])
+            tl.store(out_ptrs, out_acc[c].to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
         if dv_offset == 0:
             tl.store(lse_ptr + batch.to(tl.int64) * num_rows + offs_m, lse, mask=row_valid)
     else:
         slot_rows = slot.to(tl.int64) * num_rows + offs_m
-        tl.store(partial_out_ptr + slot_rows[:, None] * 512 + offs_v[None, :], acc,
-                 mask=row_valid[:, None])
+        for c in tl.static_range(V_CHUNKS):
+            offs_v = dv_offset + c * VC_BLOCK + tl.arange(0, VC_BLOCK)
+            tl.store(partial_out_ptr + slot_rows[:, None] * 512 + offs_v[None, :], out_acc[c],
+                     mask=row_valid[:, None])
         if dv_offset == 0:
             tl.store(partial_lse_ptr + slot_rows, lse, mask=row_valid)
 
@@ -392,6 +447,12 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
         kv_cache = kv_cache.view(torch.uint8)
     num_rows = q_len * num_heads
     block_m = rows_per_program(config, num_rows)
+    fp8_in_f16 = config.fp8_in_f16 and kv_cache.dtype != q.dtype
+    reuse_kv_as_v = config.dv_chunks == 1 and not (config.fp8_reread_v and kv_cache.dtype != q.dtype)
+    # Inline PTX needs a compiled kernel and e4m3 conversions (sm89+, not "bytes").
+    v_asm = (fp8_in_f16 and not reuse_kv_as_v and block_m <= config.fp8_v_asm_rows
+             and kv_cache.dtype == torch.float8_e4m3fn and kv_widen != "bytes"
+             and arch.name != "cpu" and not interpreter_active())
     args = dict(
         q_ptr=q, kv_ptr=kv_cache, page_table_ptr=page_table, seq_lens_ptr=seq_lens,
         work_ptr=plan.work, kv_descale_ptr=kv_descale, out_ptr=out, lse_ptr=lse,
@@ -406,9 +467,10 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_N=config.block_n,
                       DV_BLOCK=HEAD_DIM_NOPE // config.dv_chunks,
                       HAS_DESCALE=kv_descale is not None, KV_WIDEN=kv_widen,
-                      REUSE_KV_AS_V=config.dv_chunks == 1 and not (
-                          config.fp8_reread_v and kv_cache.dtype != q.dtype),
-                      FP8_IN_F16=config.fp8_in_f16 and kv_cache.dtype != q.dtype)
+                      REUSE_KV_AS_V=reuse_kv_as_v,
+                      FP8_IN_F16=fp8_in_f16, V_ASM=v_asm,
+                      V_CHUNKS=(config.fp8_v_chunks if kv_cache.dtype != q.dtype
+                                and not reuse_kv_as_v else 1))
     grid = (-(-num_rows // block_m) * config.dv_chunks, plan.num_work)
     launches = [KernelLaunch(mla_decode_partial_kernel, grid, args, constexprs,
                              config.num_warps, config.num_stages)]

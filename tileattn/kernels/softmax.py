@@ -13,6 +13,15 @@ def online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
     the new sum and the new max. With MASKED, masked scores are -inf and a row that has seen no
     visible key keeps m = -inf: it subtracts 0 instead, so exp2 gives 0 rather than NaN.
     """
+    p, alpha, l_i, m_new = online_softmax_probs(qk, m_i, l_i, qk_scale, MASKED)
+    acc = acc * alpha[:, None]
+    return p, acc, l_i, m_new
+
+
+@triton.jit
+def online_softmax_probs(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
+    """online_softmax_step without the accumulator: returns p, the factor alpha [M] that the
+    caller multiplies its accumulator(s) by, the new sum and the new max."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     if MASKED:
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -21,8 +30,7 @@ def online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
     p = tl.math.exp2(qk * qk_scale - m_new_safe[:, None])
     alpha = tl.math.exp2(m_i - m_new_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    return p, acc, l_i, m_new
+    return p, alpha, l_i, m_new
 
 
 # Lazy rescaling: the reference max only moves when a block's max exceeds it by more than this
@@ -33,11 +41,12 @@ LAZY_RESCALE_LOG2 = tl.constexpr(8.0)
 
 @triton.jit
 def online_softmax_step_lazy(qk, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
-    """online_softmax_step that rescales (acc, l_i) only when some row's max grew past m_i + LAZY_RESCALE_LOG2.
+    """online_softmax_step that rescales (acc, l_i) only when some row's max grew past
+    m_i + LAZY_RESCALE_LOG2.
 
-    m_i is then a reference value at most LAZY_RESCALE_LOG2 below the true running max rather than the max
-    itself; l_i stays the sum of exp2(s - m_i), so m_i + log2(l_i) is still the log-sum-exp.
-    The test is block-uniform (one reduction over the tile's rows), so the common case — no
+    m_i is then a reference value at most LAZY_RESCALE_LOG2 below the true running max rather
+    than the max itself; l_i stays the sum of exp2(s - m_i), so m_i + log2(l_i) is still the
+    log-sum-exp. The test is block-uniform (one reduction over the tile's rows), so the common case — no
     row's max grew that much — skips one multiply per accumulator element (FlashAttention-4's
     conditional rescaling).
     """
