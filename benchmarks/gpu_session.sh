@@ -40,7 +40,6 @@ sm90_sweep.config_sweep(pathlib.Path('$OUT'), cands, contexts=(4096, 16384), cau
 " 2>&1 | tee "$OUT/sm90configs.log" | tail -30 ;;
     gputests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py 2>&1 | tee "$OUT/gputests.log" | tail -15 ;;
     sm90tests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "${SM90_TESTS:-pingpong and not float8 and not True or dispatches}" 2>&1 | tee "$OUT/sm90tests.log" | tail -15 ;;
-    lazyab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.lazy_rescale_ab(); open('$OUT/lazy-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/lazy-ab.log" | tail -14 ;;
     causalab) python3 -c "from tileattn.bench import sweep; import json; r = sweep.causal_order_ab(); open('$OUT/causal-ab.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/causal-ab.log" | tail -30 ;;
     mlasweep) python3 -c "from tileattn.bench import mla; import json, os; a = json.loads(os.environ.get('MLA_SWEEP', '{}')); mla.sweep('$OUT', **{k: [tuple(x) for x in v] for k, v in a.items()})" 2>&1 | tee "$OUT/mla-sweep.log" | tail -90 ;;
     sweep) python3 -c "from tileattn.bench import sweep; import json; r = sweep.run(); open('$OUT/sweep.json', 'w').write(json.dumps(r))" 2>&1 | tee "$OUT/sweep.log" | grep -v "^$" | tail -12 ;;

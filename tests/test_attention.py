@@ -74,8 +74,8 @@ def test_matches_reference(shape, dtype):
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_scores_growing_along_the_keys(dtype, causal):
-    """Row maxima that climb block after block: some blocks raise a row's max by less than
-    2^8 (the lazy rescale keeps the old reference and P exceeds 1), some by more (it rescales)."""
+    """Row maxima that climb block after block, so that the running max, the accumulator's
+    rescaling and each row's dominant weight change along the whole sequence."""
     gen = torch.Generator().manual_seed(3)
     seqlen, head_dim = 150, 64
     ramp = 0.02 * torch.arange(seqlen, dtype=torch.float32)            # key norm grows with j

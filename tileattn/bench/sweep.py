@@ -105,36 +105,3 @@ def causal_order_ab(head_dim=128, contexts=(4096, 16384), fp8_candidates=((64, 1
             attention_fwd.CONFIGS[key] = original
             attention_fwd.LPT_MAX_HEADS = 8
     return results
-
-
-def lazy_rescale_ab(head_dims=(64, 128, 256), contexts=(4096, 16384), causal_values=(False, True)):
-    """bf16 portable kernel with and without the lazy accumulator rescale, same inputs, back to
-    back; also the relative distance between the two outputs (they differ by rounding only)."""
-    import os
-    from tileattn import api
-    device = torch.device("cuda")
-    os.environ["TILEATTN_KERNEL"] = "portable"
-    results = []
-    for head_dim in head_dims:
-        for context in contexts:
-            x = [torch.randn(BATCH, context, HEADS, head_dim, device=device) for _ in range(3)]
-            (q, k, v), _ = _inputs(x, "bf16", k_major_v=False)
-            for causal in causal_values:
-                row = {"D": head_dim, "N": context, "causal": causal}
-                outs = {}
-                for lazy in (False, True):
-                    attention_fwd.LAZY_RESCALE_16BIT = lazy
-                    api._CALLS.clear()
-                    call = lambda: tileattn.attention(q, k, v, causal=causal)
-                    outs[lazy] = call().float()
-                    ms = time_ms(call)
-                    row["lazy_ms" if lazy else "eager_ms"] = ms
-                    row["lazy_tflops" if lazy else "eager_tflops"] = flops(context, head_dim, causal) / ms / 1e9
-                row["rel_diff"] = float((outs[True] - outs[False]).norm() / outs[False].norm())
-                results.append(row)
-                print(f"D={head_dim} N={context} causal={causal}: eager {row['eager_tflops']:.0f} "
-                      f"lazy {row['lazy_tflops']:.0f} TFLOP/s, diff {row['rel_diff']:.2e}", flush=True)
-    attention_fwd.LAZY_RESCALE_16BIT = True
-    del os.environ["TILEATTN_KERNEL"]
-    api._CALLS.clear()
-    return results

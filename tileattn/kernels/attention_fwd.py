@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..arch import Arch
 from .cross_compile import KernelLaunch
-from .softmax import online_softmax_step, online_softmax_step_lazy
+from .softmax import online_softmax_step
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,6 @@ def _attend_key_blocks(
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over keys [key_start, key_end)."""
     k_ptrs += key_start * stride_ks
@@ -132,10 +131,7 @@ def _attend_key_blocks(
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_shift)
             qk = tl.where(visible, qk, float("-inf"))
-        if LAZY_RESCALE:
-            p, acc, l_i, m_new = online_softmax_step_lazy(qk, m_i, l_i, acc, qk_scale, MASKED)
-        else:
-            p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
+        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
         v = _load_tile(v_ptrs, cols, seqlen_k, offs_dv, HEAD_DIM_V, MASKED,
                        HEAD_DIM_V != HEAD_DIM_V_PAD)
         # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit
@@ -167,7 +163,7 @@ def attention_fwd_kernel(
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DESCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-    HEADS_PER_GROUP: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
 ):
     num_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
     # Program order = launch order. Under a causal mask the last query tiles see the most keys,
@@ -223,11 +219,11 @@ def attention_fwd_kernel(
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,
         offs_m, offs_n, offs_d, offs_dv, 0, full_end, seqlen_k, causal_shift, qk_scale,
-        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, False, CAUSAL, LAZY_RESCALE)
+        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, False, CAUSAL)
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,
         offs_m, offs_n, offs_d, offs_dv, full_end, key_end, seqlen_k, causal_shift, qk_scale,
-        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, True, CAUSAL, LAZY_RESCALE)
+        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, True, CAUSAL)
 
     # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -245,12 +241,6 @@ def attention_fwd_kernel(
 
 
 LOG2_E = 1.4426950408889634
-# Skip the accumulator rescale of blocks where no row's max grew past the reference by 2^8
-# (softmax.online_softmax_step_lazy), for fp16/bf16 only. Not for FP8: there P is rounded to
-# e4m3 (3 mantissa bits), and with a stale reference a row's largest weight is no longer exactly
-# 1; on peaked rows (interpreter, D=64, softmax_scale 0.5) the relative error went from 0.023 to
-# 0.055. Module-level so that a benchmark can compare both.
-LAZY_RESCALE_16BIT = True
 
 
 # K+V bytes of the (batch, head) pairs whose causal tiles are interleaved longest-first: small
@@ -303,7 +293,6 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         CAUSAL=causal, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
         HEADS_PER_GROUP=heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size()),
-        LAZY_RESCALE=LAZY_RESCALE_16BIT and not is_fp8,
     )
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,

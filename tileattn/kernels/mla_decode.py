@@ -129,19 +129,20 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
 # to 0.74 ms (H32 1.28 -> 1.18, batch 32 seq 8192 H16 0.189 -> 0.159). On the wgmma rows both
 # lost (re-read H64 1.25 -> 1.57 ms, H128 2.48 -> 2.99; fp16 +1-4%), so they stay off there.
 #
-# fp8_v_chunks / fp8_v_asm_rows (SASS only, not yet timed on a GPU). sm90 H16 FP8 build, both
-# loops: 512 LDS.U8 (V's mma.sync B fragment read byte by byte: V is token-major and sm90 has
-# no 8-bit ldmatrix.trans), 129 STL / 127 LDL spills, 9552 instructions before; 0 LDS.U8,
-# LDS.128 + STS.128 + 64 LDSM.16.MT88.4, no spills, 188 registers, 5688 instructions after.
-# The V copies became 16-byte cp.async (136 LDGSTS.128, was 72 .128 + 128 .64); bar.sync
-# 26 -> 56. With 4 chunks the fp16 staging buffer is 16 KB: 104 KB a program, two per SM
-# still fit (a whole 64 KB tile: 152 KB). H32 blocks (124 KB with the asm) only chunk:
-# spills 329 -> 39 STL, 13096 -> 10128 instructions, 108 KB, LDS.U8 unchanged.
-# sm89 rows (one stage, no cp.async there): LDS.U8 128 -> 0, registers 203 -> 168 (split_dv).
+# fp8_v_chunks / fp8_v_asm_rows. SASS (sm90 H16 FP8 build, both loops): before, 512 LDS.U8
+# (V's mma.sync B fragment read byte by byte: V is token-major and sm90 has no 8-bit
+# ldmatrix.trans), 129 STL / 127 LDL spills, 9552 instructions; with the inline-PTX widening
+# and 4 chunks, 0 LDS.U8, LDS.128 + STS.128 + LDSM.16.MT88.4, no spills, 5688 instructions.
+# H100 (results/2026-11-22-h100-session4/mla-sweep-fp8-v.json, batch 768 seq 2048 page 64):
+#   H16 FP8: 0.754 ms (neither) / 0.614 (4 chunks) / 0.499 (asm + 4) / 0.476 (asm + 8 chunks)
+#            / 0.754 (asm, 1 chunk: its 64 KB fp16 tile leaves one program per SM); bf16 0.638.
+#   H32 FP8 (32-row blocks, asm off): 1.177 / 0.841 (4 chunks) / 0.722 (8 chunks); asm on
+#            32-row blocks (one program per SM) 0.935 with 4 chunks.
+#   batch 32 seq 8192 H16 FP8: 0.160 / 0.139 / 0.132 / 0.134 (asm + 8).
 SMALL_BLOCK_CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("sm90", "split_dv"): MLAConfig("split_dv", 32, 64, 1, 4, 2, 128, programs_per_sm=2,
                                     fp8_reread_v=True, fp8_in_f16=True, fp8_v_asm_rows=16,
-                                    fp8_v_chunks=4),
+                                    fp8_v_chunks=8),
 }
 DEFAULT_SCHEDULE = {"sm90": "split_dv", "sm80": "split_dv", "sm89": "dup_qk", "cpu": "split_dv"}
 # Chips whose rows are another chip's: same shared memory and MMA generation.
