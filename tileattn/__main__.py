@@ -123,10 +123,16 @@ def _accuracy(args) -> None:
 
 def _plot(args) -> None:
     from tileattn.bench import prefill
-    with open(args.results) as f:
-        payload = json.load(f)
+    payloads = []
+    for path in args.results:
+        with open(path) as f:
+            payloads.append(json.load(f))
+    payload = prefill.merge_by_head_dim(payloads)
+    if args.markdown:
+        print(prefill.format_markdown(payload))
+        return
     print(prefill.format_tables(payload))
-    prefill.plot(payload, args.results.replace(".json", ".png"))
+    prefill.plot(payload, args.results[-1].replace(".json", ".png"))
 
 
 def main(argv=None) -> None:
@@ -142,8 +148,10 @@ def main(argv=None) -> None:
     accuracy = commands.add_parser("accuracy", help="error table per dtype vs fp64")
     accuracy.add_argument("--out", default=None)
     commands.add_parser("info", help="device, arch row, kernel configs, V-layout decision")
-    plot = commands.add_parser("plot", help="tables and PNG from a prefill results JSON")
-    plot.add_argument("results")
+    plot = commands.add_parser("plot", help="tables and PNG from prefill results JSON files")
+    plot.add_argument("results", nargs="+",
+                      help="results files; a later file's head dims replace an earlier file's")
+    plot.add_argument("--markdown", action="store_true", help="print the README's table instead")
     args = parser.parse_args(argv)
     {"demo": _demo, "bench": _bench, "accuracy": _accuracy, "info": _info, "plot": _plot}[args.command](args)
 

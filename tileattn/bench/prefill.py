@@ -294,6 +294,50 @@ def format_tables(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def merge_by_head_dim(payloads: list[dict]) -> dict:
+    """One payload from several runs: a later run's rows replace an earlier run's for its head dims."""
+    merged = {**payloads[0], "rows": []}
+    for payload in payloads:
+        replaced = {r["D"] for r in payload["rows"]}
+        merged["rows"] = [r for r in merged["rows"] if r["D"] not in replaced] + payload["rows"]
+    return merged
+
+
+README_COLUMNS = (("tileattn", "bf16"), ("tileattn", "bf16-portable"), ("tileattn", "fp8e4m3"),
+                  ("tileattn", "fp8e4m3-vT"), ("cudnn", "bf16"), ("cudnn", "fp8e4m3"),
+                  ("fa2", "bf16"), ("flex", "bf16"))
+
+
+def format_markdown(payload: dict, contexts=(1024, 4096, 16384)) -> str:
+    """The README's table: TFLOP/s per column at a few contexts, then the issue bars' ratios."""
+    rows = payload["rows"]
+    header = ([f"{i} {d}" for i, d in README_COLUMNS]
+              + ["bf16 vs best peer", "fp8/bf16 time (vs portable)", "fp8 vs cuDNN fp8"])
+    lines = ["| D | causal | N | " + " | ".join(header) + " |", "|---" * (3 + len(header)) + "|"]
+    for head_dim in sorted({r["D"] for r in rows}):
+        for causal in (False, True):
+            for context in contexts:
+                cell = {(r["impl"], r["dtype"]): r for r in rows
+                        if (r["D"], r["causal"], r["N"]) == (head_dim, causal, context)}
+                if not cell:
+                    continue
+                values = [f"{cell[c]['tflops']:.0f}" if c in cell else "-" for c in README_COLUMNS]
+                ours, fp8 = cell.get(("tileattn", "bf16")), cell.get(("tileattn", "fp8e4m3"))
+                portable = cell.get(("tileattn", "bf16-portable"))
+                cudnn_fp8 = cell.get(("cudnn", "fp8e4m3"))
+                peers = [r["tflops"] for (i, d), r in cell.items() if i != "tileattn" and d == "bf16"]
+                ratio = f"{ours['tflops'] / max(peers):.2f}×" if ours and peers else "-"
+                time = "-"
+                if ours and fp8:
+                    time = f"{fp8['ms'] / ours['ms']:.2f}"
+                    if portable:
+                        time += f" ({fp8['ms'] / portable['ms']:.2f})"
+                versus = f"{fp8['tflops'] / cudnn_fp8['tflops']:.2f}×" if fp8 and cudnn_fp8 else "-"
+                lines.append(f"| {head_dim} | {'yes' if causal else 'no'} | {context} | "
+                             + " | ".join(values + [ratio, time, versus]) + " |")
+    return "\n".join(lines)
+
+
 def plot(payload: dict, path) -> None:
     """TFLOP/s vs context, one panel per (D, causal), one line per column."""
     try:
