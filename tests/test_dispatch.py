@@ -11,9 +11,10 @@ from tileattn.fp8 import prepare_v
 SM90, SM80, SM89, SM100 = (arch_for_capability(c) for c in ((9, 0), (8, 0), (8, 9), (10, 0)))
 
 
-def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096):
-    q, k, v = (torch.randn(1, seqlen, 2, head_dim).to(dtype) for _ in range(3))
-    return q, k, v
+def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096, heads=32):
+    """Uninitialised: the rule reads no values. B=1 H=32 N=4096 is 4x attention_sm90.MIN_WORK
+    at D=128 (2x under a causal mask)."""
+    return tuple(torch.empty(1, seqlen, heads, head_dim, dtype=dtype) for _ in range(3))
 
 
 @pytest.fixture(autouse=True)
@@ -21,23 +22,28 @@ def auto(monkeypatch):
     monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [128, 256])
-def test_hopper_kernel_where_it_measured_faster(dtype, head_dim):
-    assert kernel_for(SM90, *inputs(dtype, head_dim), causal=False) == "sm90"
+def test_hopper_kernel_where_it_measured_faster(dtype, head_dim, causal):
+    assert kernel_for(SM90, *inputs(dtype, head_dim), causal=causal) == "sm90"
+    # The grid's smallest point it won: B=4 H=32 N=1024, non-causal.
+    q, k, v = (torch.empty(4, 1024, 32, head_dim, dtype=dtype) for _ in range(3))
+    assert kernel_for(SM90, q, k, v, causal=False) == "sm90"
 
 
-@pytest.mark.parametrize("case", ["causal", "fp8", "d64", "short", "sm80", "sm89", "sm100",
-                                  "misaligned"])
+@pytest.mark.parametrize("case", ["fp8", "d64", "short", "short-causal", "sm80", "sm89",
+                                  "sm100", "misaligned"])
 def test_portable_kernel_elsewhere(case):
     arch = {"sm80": SM80, "sm89": SM89, "sm100": SM100}.get(case, SM90)
     q, k, v = inputs(torch.float8_e4m3fn if case == "fp8" else torch.bfloat16,
-                     64 if case == "d64" else 128, 1024 if case == "short" else 4096)
+                     64 if case == "d64" else 128, 2048 if case.startswith("short") else 4096,
+                     heads=8 if case.startswith("short") else 32)
     if case == "fp8":
         v = prepare_v(v)
     if case == "misaligned":  # rows of 132 bf16 (264 B): strides TMA cannot address
-        q = torch.randn(1, 4096, 2, 132).to(torch.bfloat16)[..., :128]
-    assert kernel_for(arch, q, k, v, causal=case == "causal") == "portable"
+        q = torch.empty(1, 4096, 32, 132, dtype=torch.bfloat16)[..., :128]
+    assert kernel_for(arch, q, k, v, causal=case == "short-causal") == "portable"
 
 
 def test_environment_forces_either_kernel(monkeypatch):

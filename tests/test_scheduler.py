@@ -1,50 +1,73 @@
-"""The persistent prefill tile order (tileattn.scheduler), on the CPU."""
+"""The persistent prefill work lists (tileattn.scheduler), on the CPU."""
 
 import pytest
+import torch
 
-from tileattn.scheduler import prefill_tile_order, prefill_tile_order_list
+from tileattn.scheduler import heads_per_group, prefill_work_lists, prefill_work_lists_python
 
-
-def program_work(order, num_m_blocks, num_programs, causal):
-    """Work per program when program p runs items p, p + P, ...; a causal tile costs m + 1."""
-    work = [0] * num_programs
-    for index, tile in enumerate(order):
-        work[index % num_programs] += (tile % num_m_blocks + 1) if causal else 1
-    return work
+SHAPES = [(1, 1, 132), (8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4), (131, 1, 132),
+          (64, 32, 132), (32, 128, 132)]
 
 
+def program_lists(num_m_blocks, num_batch_heads, causal, num_programs, group_heads=None):
+    tile_ids, starts = prefill_work_lists_python(num_m_blocks, num_batch_heads, causal,
+                                                 num_programs, group_heads)
+    assert starts[0] == 0 and starts[-1] == len(tile_ids) and len(starts) == num_programs + 1
+    return [tile_ids[starts[p]:starts[p + 1]] for p in range(num_programs)]
+
+
+def cost(tile, num_m_blocks, causal):
+    return tile % num_m_blocks + 1 if causal else 1
+
+
+@pytest.mark.parametrize("group_heads", [None, 1, 2, 8])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("num_m_blocks,num_batch_heads,num_programs",
-                         [(1, 1, 132), (8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4),
-                          (131, 1, 132)])
-def test_every_tile_exactly_once(num_m_blocks, num_batch_heads, num_programs, causal):
-    order = prefill_tile_order_list(num_m_blocks, num_batch_heads, causal, num_programs)
-    assert sorted(order) == list(range(num_m_blocks * num_batch_heads))
+@pytest.mark.parametrize("num_m_blocks,num_batch_heads,num_programs", SHAPES)
+def test_every_tile_exactly_once(num_m_blocks, num_batch_heads, num_programs, causal, group_heads):
+    lists = program_lists(num_m_blocks, num_batch_heads, causal, num_programs, group_heads)
+    assert sorted(t for tiles in lists for t in tiles) == list(range(num_m_blocks * num_batch_heads))
 
 
-@pytest.mark.parametrize("num_m_blocks,num_batch_heads,num_programs",
-                         [(8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4), (64, 32, 132)])
-def test_causal_balance_within_one_tile(num_m_blocks, num_batch_heads, num_programs):
-    order = prefill_tile_order_list(num_m_blocks, num_batch_heads, True, num_programs)
-    work = program_work(order, num_m_blocks, num_programs, True)
+@pytest.mark.parametrize("group_heads", [None, 1, 2, 8])
+@pytest.mark.parametrize("num_m_blocks,num_batch_heads,num_programs", SHAPES)
+def test_causal_balance_within_one_tile(num_m_blocks, num_batch_heads, num_programs, group_heads):
+    lists = program_lists(num_m_blocks, num_batch_heads, True, num_programs, group_heads)
+    work = [sum(cost(t, num_m_blocks, True) for t in tiles) for tiles in lists]
     # Stated bound: busiest - idlest <= the longest tile's cost (num_m_blocks key blocks).
     assert max(work) - min(work) <= num_m_blocks
-    # And it is a real improvement over the launch-order grid for the long cases.
+    # And a real improvement over the launch-order grid (tile i on program i % P) when long.
     if num_m_blocks * num_batch_heads >= 4 * num_programs:
-        naive = [m + num_m_blocks * bh for bh in range(num_batch_heads) for m in range(num_m_blocks)]
-        naive_work = program_work(naive, num_m_blocks, num_programs, True)
-        assert max(work) <= max(naive_work)
+        naive = [0] * num_programs
+        for i in range(num_m_blocks * num_batch_heads):
+            naive[i % num_programs] += cost(i, num_m_blocks, True)
+        assert max(work) <= max(naive)
 
 
-def test_causal_longest_first_and_noncausal_heads_adjacent():
-    causal = prefill_tile_order_list(16, 4, True, 132)
-    assert [t % 16 for t in causal[:4]] == [15] * 4
-    full = prefill_tile_order_list(16, 4, False, 132)
-    assert [t // 16 for t in full[:16]] == [0] * 16  # one head's tiles together: K/V reuse in L2
+def test_causal_groups_keep_a_wave_on_few_heads():
+    """D=128 N=16k bf16, B=4 H=32: two heads' K/V (8 MB each) fit the 16 MB group, so the tiles
+    the 132 programs start first all come from heads 0 and 1 (their K/V is read once, from L2
+    for everybody else), and longest first."""
+    group_heads = heads_per_group(True, 16384, 256, 2)
+    assert group_heads == 2
+    lists = program_lists(128, 128, True, 132, group_heads)
+    first_wave = [tiles[0] for tiles in lists]
+    assert {t // 128 for t in first_wave} == {0, 1}
+    assert min(t % 128 for t in first_wave) >= 128 - 66
+    # Without groups the first wave touches 128 different heads.
+    ungrouped = program_lists(128, 128, True, 132)
+    assert len({tiles[0] // 128 for tiles in ungrouped}) == 128
 
 
-def test_tensor_is_int32_and_cached():
-    a = prefill_tile_order(8, 4, True, 132, "cpu")
-    b = prefill_tile_order(8, 4, True, 132, "cpu")
-    assert a is b and a.dtype.is_floating_point is False and a.tolist() == \
-        prefill_tile_order_list(8, 4, True, 132)
+def test_noncausal_is_round_robin_with_heads_adjacent():
+    lists = program_lists(16, 4, False, 132)
+    assert all(tiles == ([p] if p < 64 else []) for p, tiles in enumerate(lists))
+    lists = program_lists(128, 8, False, 132)
+    for p, tiles in enumerate(lists):
+        assert tiles == list(range(p, 128 * 8, 132))  # a wave = adjacent tiles of one head
+
+
+def test_tensors_are_int32_and_cached():
+    a = prefill_work_lists(8, 4, True, 132, "cpu", 2)
+    b = prefill_work_lists(8, 4, True, 132, "cpu", 2)
+    assert a is b and all(t.dtype == torch.int32 for t in a)
+    assert (a[0].tolist(), a[1].tolist()) == prefill_work_lists_python(8, 4, True, 132, 2)

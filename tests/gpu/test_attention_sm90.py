@@ -106,20 +106,27 @@ def test_strided_views_of_a_fused_qkv_buffer():
     assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
 
 
-@pytest.mark.parametrize("case", ["gqa-unequal", "d256-fp16", "fused-qkv"])
+@pytest.mark.parametrize("case", ["gqa-unequal", "gqa-unequal-causal", "d256-fp16", "fused-qkv"])
 def test_attention_dispatches_here(case, monkeypatch):
-    """attention() itself (no TILEATTN_KERNEL) runs this kernel where it measured faster."""
+    """attention() itself (no TILEATTN_KERNEL) runs this kernel where it measured faster; the
+    work threshold is lowered so that test-sized inputs qualify (tests/test_dispatch.py checks
+    the threshold)."""
+    from tileattn import api
     from tileattn.api import kernel_for
     from tileattn.arch import arch_of
+    from tileattn.kernels import attention_sm90
     monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
+    monkeypatch.setattr(attention_sm90, "MIN_WORK", 0)
+    api._CALLS.clear()  # a cached call of the same signature would keep its earlier choice
+    causal = case.endswith("-causal")
     if case == "fused-qkv":
         q, k, v = torch.randn(1, 4096, 3, 8, 128, device="cuda", dtype=torch.bfloat16).unbind(2)
     else:
-        shape = (2, 1000, 4099, 8, 2) if case == "gqa-unequal" else (1, 4097, 4097, 4, 4)
+        shape = (2, 1000, 4099, 8, 2) if case.startswith("gqa-unequal") else (1, 4097, 4097, 4, 4)
         dtype = torch.float16 if case == "d256-fp16" else torch.bfloat16
         q, k, v, _ = make_inputs(shape, 256 if case == "d256-fp16" else 128, dtype)
-    assert kernel_for(arch_of(q.device), q, k, v, False) == "sm90"
-    out, lse = tileattn.attention(q, k, v, return_lse=True)
-    ref, ref_lse = attention_reference(q, k, v, causal=False)
+    assert kernel_for(arch_of(q.device), q, k, v, causal) == "sm90"
+    out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal)
     assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[q.dtype]
     assert ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max() < LSE_TOLERANCES[q.dtype]

@@ -42,13 +42,14 @@ def providers(q, k, v, descales, causal, is_fp8):
     return runs
 
 
-def sweep(budget_s: float, out_dir: pathlib.Path) -> dict:
+def sweep(budget_s: float, out_dir: pathlib.Path, contexts=CONTEXTS,
+          causal_values=(False, True)) -> dict:
     start = time.time()
     facts = device_facts()
     rows = []
     for head_dim in HEAD_DIMS:
-        for context in CONTEXTS:
-            for causal in (False, True):
+        for context in contexts:
+            for causal in causal_values:
                 if time.time() - start > budget_s:
                     break
                 gen = torch.Generator(device="cuda").manual_seed(context + head_dim)
@@ -160,6 +161,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--budget-s", type=float, default=1e9)
     parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    parser.add_argument("--non-causal-only", action="store_true")
     parser.add_argument("--configs", action="store_true", help="time CANDIDATES instead")
     args = parser.parse_args()
     out_dir = pathlib.Path(args.out)
@@ -169,7 +172,8 @@ def main() -> None:
         return
     global HEAD_DIMS
     HEAD_DIMS = tuple(int(d) for d in args.head_dims.split(","))
-    result = sweep(args.budget_s, out_dir)
+    result = sweep(args.budget_s, out_dir, tuple(int(n) for n in args.contexts.split(",")),
+                   (False,) if args.non_causal_only else (False, True))
     print(f"TFLOP/s, {result['device']}, {result['date']}")
     print(table(result))
 

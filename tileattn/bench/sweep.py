@@ -11,6 +11,7 @@ import torch
 
 import tileattn
 from tileattn.arch import arch_of
+from tileattn import scheduler
 from tileattn.kernels import attention_fwd
 
 from .common import time_ms
@@ -88,7 +89,7 @@ def causal_order_ab(head_dim=128, contexts=(4096, 16384), fp8_candidates=((64, 1
             for config in rows:
                 for max_heads in (1, 8):
                     attention_fwd.CONFIGS[key] = config
-                    attention_fwd.LPT_MAX_HEADS = max_heads
+                    scheduler.LPT_MAX_HEADS = max_heads
                     call = lambda: tileattn.attention(q, k, v, causal=True, **descales)
                     try:
                         call()
@@ -103,5 +104,5 @@ def causal_order_ab(head_dim=128, contexts=(4096, 16384), fp8_candidates=((64, 1
                     print(f"N={context} {dtype_name} {tuple(config.__dict__.values())} "
                           f"heads/group<={max_heads}: {ms:.4f} ms {tflops:.0f} TFLOP/s", flush=True)
             attention_fwd.CONFIGS[key] = original
-            attention_fwd.LPT_MAX_HEADS = 8
+            scheduler.LPT_MAX_HEADS = 8
     return results

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..arch import Arch
+from ..scheduler import heads_per_group
 from .cross_compile import KernelLaunch
 from .softmax import online_softmax_step
 
@@ -241,20 +242,6 @@ def attention_fwd_kernel(
 
 
 LOG2_E = 1.4426950408889634
-
-
-# K+V bytes of the (batch, head) pairs whose causal tiles are interleaved longest-first: small
-# enough that they stay in L2 (50 MB on H100, 40 MB on A100) while their programs run.
-LPT_GROUP_BYTES = 16 << 20
-LPT_MAX_HEADS = 8
-
-
-def heads_per_group(causal: bool, seqlen_k: int, head_dims_qk_v: int, element_size: int) -> int:
-    """1 keeps one head's tiles together (non-causal: all tiles cost the same)."""
-    if not causal:
-        return 1
-    kv_bytes = seqlen_k * head_dims_qk_v * element_size
-    return max(1, min(LPT_MAX_HEADS, LPT_GROUP_BYTES // max(kv_bytes, 1)))
 
 
 def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:

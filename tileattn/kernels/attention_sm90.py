@@ -1,6 +1,6 @@
 """Hopper (sm90) forward attention in Gluon: TMA, mbarrier rings, wgmma, warp specialization.
 
-One persistent program per SM walks a tile list (tileattn.scheduler.prefill_tile_order); a tile
+One persistent program per SM walks its own tile list (tileattn.scheduler.prefill_work_lists); a tile
 is BLOCK_M (128) queries of one (batch, query head). Each program is two partitions:
   * a loader warp that issues TMA copies of Q (one buffer) and of K and V (separate rings of
     NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
@@ -28,6 +28,8 @@ Tensor layouts (element strides; every tensor may come from a larger fused buffe
     out  [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
     lse  [batch, num_q_heads, seqlen_q] float32        natural log, contiguous
     *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
+    tile_ids    int32 [num_tiles]       tile m_block + num_m_blocks * (batch * num_q_heads + head)
+    tile_starts int32 [programs + 1]    program p runs tile_ids[tile_starts[p]:tile_starts[p + 1]]
 TMA sees q, k, v as 4-D [batch, heads, seqlen, head_dim] views (K-major V as [batch, heads,
 head_dim, seqlen]), so every stride but the contiguous one must be a multiple of 16 bytes.
 """
@@ -44,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..arch import FP8_DTYPES, num_sms
-from ..scheduler import prefill_tile_order
+from ..scheduler import heads_per_group, prefill_work_lists
 from .cross_compile import KernelLaunch
 
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
@@ -104,14 +106,24 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
     return _tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
 
 
+# Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which
+# attention() takes this kernel: the B=4 H=32 N=1024 D=128 point, where the kernel alone ran at
+# 491 vs 420 TFLOP/s (results/2026-11-22-h100-session5/sm90-sweep-short.json). Below it the
+# kernel lasts under ~0.1 ms, and its host launch (Triton's binder and three TMA descriptors,
+# ~60 us on the lent host) is no longer hidden behind the previous call's GPU time.
+MIN_WORK = 1 << 34
+
+
 def preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Where this kernel measured faster than the portable one on H100 (benchmarks/NOTES.md,
-    "Where the sm90 kernel should run"): 16-bit, non-causal, D 128 or 256, long keys. It
-    ties at D=64, loses under causal masks (37% behind its own non-causal rate) and for FP8,
-    and below ~4k keys its host launch (Triton's binder plus three TMA descriptors, ~60 us on
-    the lent host) costs more than the kernel saves."""
-    return (q.dtype in (torch.float16, torch.bfloat16) and not causal
-            and q.shape[3] in (128, 256) and k.shape[1] >= 4096)
+    "Where the sm90 kernel should run", session 5): 16-bit at D 128 or 256, causal or not
+    (causal since its tiles are scheduled in L2-sized head groups: D=128 N=16k 600 vs 483
+    TFLOP/s), from MIN_WORK up. It loses at D=64 (334 vs 348 at N=1024) and for FP8 (D=128
+    N=16k 664 vs 776: the portable kernel's FP8 is faster)."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
+    return (q.dtype in (torch.float16, torch.bfloat16) and head_dim in (128, 256)
+            and work >= MIN_WORK)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,14 +154,15 @@ def _tile_coords(tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seq
 
 
 @gluon.jit
-def _loader_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+def _loader_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                       seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                       q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                       CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr):
     kv_count = 0
     tile_count = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    for t in range(gl.load(tile_starts_ptr + gl.program_id(0)),
+                   gl.load(tile_starts_ptr + gl.program_id(0) + 1)):
         m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
             tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
             BLOCK_M, BLOCK_N, CAUSAL)
@@ -270,7 +283,7 @@ def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_
 
 
 @gluon.jit
-def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                         seqlen_q, seqlen_k, softmax_scale_log2,
                         out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
@@ -304,7 +317,8 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
     kv_count = 0
     tile_count = 0
     turn_count = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    for t in range(gl.load(tile_starts_ptr + gl.program_id(0)),
+                   gl.load(tile_starts_ptr + gl.program_id(0) + 1)):
         m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
             tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
             BLOCK_M, BLOCK_N, CAUSAL)
@@ -381,7 +395,7 @@ def _consumer_partition(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_
 
 
 @gluon.jit
-def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                          q_descale_ptr, k_descale_ptr, v_descale_ptr,
@@ -417,7 +431,7 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
 
-    loader_args = (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+    loader_args = (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                    seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                    BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)
@@ -426,13 +440,13 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
     # Triton 3.6 even with gl.constexpr(...) literals, hence the three spelled-out lists.)
     if SPLIT:
         gl.warp_specialize([
-            (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+            (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    0, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
-            (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+            (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
@@ -442,7 +456,7 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+            (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
@@ -455,7 +469,7 @@ def _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa
 # The entry point. A second entry named "...cutlass..." (ptxas schedules such kernels
 # differently) was measured and removed: no gain for bf16 or FP8 (benchmarks/NOTES.md).
 @gluon.jit
-def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                           seqlen_q, seqlen_k, softmax_scale_log2,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           q_descale_ptr, k_descale_ptr, v_descale_ptr,
@@ -466,7 +480,7 @@ def attention_sm90_kernel(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gq
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                           HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
                           SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
-    _attention_sm90_body(tile_ids_ptr, num_tiles, num_m_blocks, num_q_heads, gqa_group_size,
+    _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                          q_descale_ptr, k_descale_ptr, v_descale_ptr,
@@ -524,14 +538,16 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
 
     num_m_blocks = -(-seqlen_q // block_m)
-    programs = num_programs or num_sms(q.device)
-    tile_ids = prefill_tile_order(num_m_blocks, batch * num_q_heads, causal, programs, q.device)
-    num_tiles = tile_ids.numel()
+    num_tiles = num_m_blocks * batch * num_q_heads
+    programs = min(num_programs or num_sms(q.device), num_tiles)
+    group_heads = heads_per_group(causal, seqlen_k, head_dim + v.shape[3], q.element_size())
+    tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
+                                               programs, q.device, group_heads)
     q_descale, sqb, sqh = _descale_args(q_descale)
     k_descale, skb, skh = _descale_args(k_descale)
     v_descale, svb, svh = _descale_args(v_descale)
     args = dict(
-        tile_ids_ptr=tile_ids, num_tiles=num_tiles, num_m_blocks=num_m_blocks,
+        tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts, num_m_blocks=num_m_blocks,
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale_log2=softmax_scale * LOG2_E,
         q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
@@ -546,7 +562,7 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
         SPLIT=config.split, LOADER_REGS=LOADER_REGS,
     )
-    return Sm90Launch(attention_sm90_kernel, (min(programs, num_tiles),), args, constexprs, config.num_warps, 1)
+    return Sm90Launch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
 def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):
