@@ -107,11 +107,12 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
 
 
 # Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which
-# attention() takes this kernel: the B=4 H=32 N=1024 D=128 point, where the kernel alone ran at
-# 491 vs 420 TFLOP/s (results/2026-11-22-h100-session5/sm90-sweep-short.json). Below it the
-# kernel lasts under ~0.1 ms, and its host launch (Triton's binder and three TMA descriptors,
-# ~60 us on the lent host) is no longer hidden behind the previous call's GPU time.
-MIN_WORK = 1 << 34
+# attention() takes this kernel. H100 grid, B=4 H=32 (results/2026-11-22-h100-prefill-session5
+# .json): at 2^34 (D=128 N=1024) the kernel alone ran at 491 TFLOP/s vs the portable 417, but
+# through attention() at 216: it lasts ~0.14 ms and its host launch (Triton's binder and three
+# TMA descriptors) is not hidden. From 2^35 (D=256 N=1024: 538 vs 399; D=128 N=2048: 557 vs
+# 455; D=256 causal N=2048: 515 vs 403) it wins through attention() too.
+MIN_WORK = 1 << 35
 
 
 def preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
