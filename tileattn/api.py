@@ -175,9 +175,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
             launch = attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale,
                                                     v_descale, softmax_scale, causal, arch)
         launch.run()
-        if signature is not None and kernel == "portable":
-            _remember_call(signature, launch, given_v if transposes_v else None, out_shape,
-                           out_dtype, lse_shape, is_fp8, softmax_scale)
+        if signature is not None:
+            if kernel == "sm90":
+                run_attention = attention_sm90.bind_attention(causal)
+            else:
+                run_attention = attention_fwd.bind_attention(launch)
+            _remember_call(signature, run_attention, q.device, given_v if transposes_v else None,
+                           out_shape, out_dtype, lse_shape, is_fp8, softmax_scale)
     return (out, lse) if return_lse else out
 
 
@@ -220,14 +224,14 @@ def _call_signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_desc
     return tuple(parts)
 
 
-def _remember_call(signature, launch, transposed_v, out_shape, out_dtype, lse_shape, is_fp8,
-                   default_scale) -> None:
-    """Bind a call the checks passed, so later calls with its signature replay it."""
-    run_attention = attention_fwd.bind_attention(launch)
+def _remember_call(signature, run_attention, device, transposed_v, out_shape, out_dtype,
+                   lse_shape, is_fp8, default_scale) -> None:
+    """Keep a call the checks passed, so later calls with its signature replay it.
+    run_attention(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale) launches
+    the chosen kernel (None: this launch cannot be replayed)."""
     prepare_v = fp8.bind_prepare_v(transposed_v) if transposed_v is not None else None
     if run_attention is None or (transposed_v is not None and prepare_v is None):
         return
-    device = transposed_v.device if transposed_v is not None else launch.args["q_ptr"].device
 
     def call(q, k, v, q_descale, k_descale, v_descale, softmax_scale):
         if is_fp8:

@@ -36,6 +36,7 @@ head_dim, seqlen]), so every stride but the contiguous one must be a multiple of
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -499,17 +500,15 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
 LOG2_E = 1.4426950408889634
 
 
-class Sm90Launch(KernelLaunch):
-    """Always launched through Triton's JIT: KernelLaunch's cached fast path keys arguments
-    by type only, which cannot tell two tensor descriptors (dtype, block shape) apart."""
-
-    def run(self) -> None:
-        self.kernel[self.grid](**self.args, **self.constexprs, num_warps=self.num_warps)
+@functools.lru_cache(maxsize=64)
+def _shared_layout(block_shape: tuple[int, ...], dtype: torch.dtype):
+    # ~10 us a call on the host: made once per (block shape, dtype), not once per launch.
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype])
 
 
 def _descriptor(x: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for(block_shape, _GL_DTYPES[x.dtype])
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), block_shape, layout)
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block_shape,
+                            _shared_layout(tuple(block_shape), x.dtype))
 
 
 def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
@@ -563,7 +562,18 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
         SPLIT=config.split, LOADER_REGS=LOADER_REGS,
     )
-    return Sm90Launch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
+    return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
+
+
+def bind_attention(causal: bool):
+    """attention_sm90_launch as a function of its tensors and softmax scale, for api's call
+    cache: later calls skip the checks and Triton's binder (KernelLaunch.run's fast path keys
+    the tensor descriptors by dtype, block shape and layout, as Triton specializes them); only
+    the descriptors are rebuilt, since they hold the tensors' addresses."""
+    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float) -> None:
+        attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
+                              softmax_scale, causal).run()
+    return run
 
 
 def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):

@@ -79,6 +79,10 @@ class KernelLaunch:
                 key.append((value.dtype, value.data_ptr() % 16 == 0))
             elif isinstance(value, int):
                 key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
+            elif hasattr(value, "block_shape") and hasattr(value, "layout"):
+                # A Gluon TMA descriptor: Triton specializes it on exactly these (its
+                # specialization string is tensordesc<dtype[block_shape],layout>, no attributes).
+                key.append((kind, value.base.dtype, tuple(value.block_shape), value.layout))
             else:
                 key.append(kind)
         return tuple(key)
