@@ -108,12 +108,12 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
 
 
 # Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which
-# attention() takes this kernel. H100 grid, B=4 H=32 (results/2026-11-22-h100-prefill-session5
-# .json): at 2^34 (D=128 N=1024) the kernel alone ran at 491 TFLOP/s vs the portable 417, but
-# through attention() at 216: it lasts ~0.14 ms and its host launch (Triton's binder and three
-# TMA descriptors) is not hidden. From 2^35 (D=256 N=1024: 538 vs 399; D=128 N=2048: 557 vs
-# 455; D=256 causal N=2048: 515 vs 403) it wins through attention() too.
-MIN_WORK = 1 << 35
+# attention() takes this kernel. H100, B=4 H=32, eager attention() calls with the call cache
+# (results/2026-11-22-h100-session5/dispatch-ab.json, TFLOP/s Hopper vs portable): at 2^34,
+# D=128 N=1024 490 vs 419, D=128 N=2048 causal 479 vs 389, D=256 N=1024 causal 379 vs 307; at
+# 2^33 (D=128 N=1024 causal) 188 vs 303: the kernel lasts ~0.07 ms, less than its host launch.
+# (Before the call cache took this kernel, D=128 N=1024 measured 216: Triton's binder.)
+MIN_WORK = 1 << 34
 
 
 def preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
