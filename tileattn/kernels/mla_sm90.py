@@ -51,6 +51,7 @@ BLOCK_M = gl.constexpr(64)            # rows per program: one wgmma M per warpgr
 BLOCK_N = gl.constexpr(64)            # KV tokens per tile
 BOX = gl.constexpr(64)                # TMA box width (columns); 576 = 9 boxes, V = boxes 0-7
 NUM_BOXES = gl.constexpr(9)
+V_BOXES = gl.constexpr(8)
 V_BOXES_PER_WG = gl.constexpr(4)      # each consumer warpgroup owns 256 of V's 512 columns
 NUM_STAGES = 2
 LOADER_REGS = 24
@@ -77,7 +78,7 @@ def _work_item(work_ptr):
 
 @gluon.jit
 def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
-                      q_smem, kv_smem, q_ready, kv_ready, kv_empty,
+                      q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
                       PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr):
     batch, kv_start, kv_end, slot = _work_item(work_ptr)
     row_block = gl.program_id(0)
@@ -95,10 +96,12 @@ def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_
         # Barriers start in phase 0; waiting for parity 1 passes at once (first fill).
         mbarrier.wait(kv_empty.index(stage), phase ^ 1)
         mbarrier.expect(kv_ready.index(stage), NUM_BOXES * kv_desc.block_type.nbytes)
-        for c in gl.static_range(NUM_BOXES):
+        for c in gl.static_range(V_BOXES):
             tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
                                             kv_ready.index(stage),
-                                            kv_smem.index(stage * NUM_BOXES + c))
+                                            kv_smem.index(stage * V_BOXES + c))
+        tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, V_BOXES * BOX],
+                                        kv_ready.index(stage), rope_smem.index(stage))
 
 
 @gluon.jit
@@ -108,35 +111,49 @@ def _box(smem, i):
 
 
 @gluon.jit
-def _issue_qk(q_smem, kv_smem, stage, s_zero):
+def _issue_qk(q_smem, kv_smem, rope_smem, stage, s_zero):
     """S = Q K^T for the tile in `stage`: 9 chained wgmmas, K = 64 each."""
-    s = warpgroup_mma(_box(q_smem, 0), _box(kv_smem, stage * NUM_BOXES).permute((1, 0)), s_zero,
+    s = warpgroup_mma(_box(q_smem, 0), _box(kv_smem, stage * V_BOXES).permute((1, 0)), s_zero,
                       use_acc=False, is_async=True)
-    for c in gl.static_range(1, NUM_BOXES):
-        s = warpgroup_mma(_box(q_smem, c), _box(kv_smem, stage * NUM_BOXES + c).permute((1, 0)),
-                          s, is_async=True)
+    for c in gl.static_range(1, V_BOXES):
+        s = warpgroup_mma(_box(q_smem, c), _box(kv_smem, stage * V_BOXES + c).permute((1, 0)), s,
+                          is_async=True)
+    s = warpgroup_mma(_box(q_smem, V_BOXES), _box(rope_smem, stage).permute((1, 0)), s,
+                      is_async=True)
     return s
 
 
 @gluon.jit
-def _issue_pv(p, kv_smem, stage, o0, o1, o2, o3, FIRST_BOX: gl.constexpr):
-    """O[:, 64 c] += P V_c for this warpgroup's 4 V boxes (N = 64 each)."""
-    base = stage * NUM_BOXES + FIRST_BOX
-    o0 = warpgroup_mma(p, _box(kv_smem, base), o0, is_async=True)
-    o1 = warpgroup_mma(p, _box(kv_smem, base + 1), o1, is_async=True)
-    o2 = warpgroup_mma(p, _box(kv_smem, base + 2), o2, is_async=True)
-    o3 = warpgroup_mma(p, _box(kv_smem, base + 3), o3, is_async=True)
-    return o0, o1, o2, o3
+def _v_half(kv_smem, stage, FIRST_BOX: gl.constexpr):
+    """V[:, 64 FIRST_BOX : 64 FIRST_BOX + 256] of the tile in `stage` as one [64, 256] operand.
+    Four consecutive [64, 64] boxes of 128-byte swizzle are exactly the layout of a [64, 256]
+    NVMMA buffer (Triton's TMA lowering splits a [64, 256] box into those four copies, 8 KB
+    apart), so the P V wgmma runs at N = 256: fewer instructions and less shared-memory
+    traffic than 4 x N 64. The ring is reinterpreted as [2 NUM_STAGES, 64, 256] halves."""
+    HALF_N: gl.constexpr = V_BOXES_PER_WG * BOX
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF_N], kv_smem.dtype)
+    halves = kv_smem._reinterpret(kv_smem.dtype, [kv_smem.shape[0] // V_BOXES_PER_WG, BLOCK_N, HALF_N],
+                                  v_layout)
+    return halves.index(stage * (V_BOXES // V_BOXES_PER_WG) + FIRST_BOX // V_BOXES_PER_WG)
 
 
 @gluon.jit
-def _zero_tail_rows(kv_smem, stage, valid_rows):
+def _issue_pv(p, kv_smem, stage, o, FIRST_BOX: gl.constexpr):
+    """O += P V for this warpgroup's 256 V columns."""
+    return warpgroup_mma(p, _v_half(kv_smem, stage, FIRST_BOX), o, is_async=True)
+
+
+@gluon.jit
+def _zero_tail_rows(kv_smem, rope_smem, stage, valid_rows):
     """Zero the rows >= valid_rows of every box of a tile (keys past the sequence's end),
     then make the stores visible to the tensor cores."""
     zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zl)) < valid_rows, 1)
     for c in gl.static_range(NUM_BOXES):
-        buf = _box(kv_smem, stage * NUM_BOXES + c)
+        if c < V_BOXES:
+            buf = _box(kv_smem, stage * V_BOXES + c)
+        else:
+            buf = _box(rope_smem, stage)
         x = buf.load(zl)
         buf.store(gl.where(keep, x, gl.zeros_like(x)))
     fence_async_shared()
@@ -176,10 +193,10 @@ def _send_p(p_smem, alpha_smem, p_ready, p_empty, p, alpha, count):
 
 
 @gluon.jit
-def _softmax_loop(o0, o1, o2, o3, p, m_i, l_i, prev_stage, q_smem, kv_smem, p_smem, alpha_smem,
+def _softmax_loop(o, p, m_i, l_i, prev_stage, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
                   kv_ready, kv_empty, p_ready, p_empty, j_start, j_end, kv_start, kv_end,
-                  key_limit, qk_scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                  NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
+                  key_limit, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  p_layout: gl.constexpr, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
     """Tiles [j_start, j_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(j_start, j_end):
@@ -189,63 +206,55 @@ def _softmax_loop(o0, o1, o2, o3, p, m_i, l_i, prev_stage, q_smem, kv_smem, p_sm
         mbarrier.wait(kv_ready.index(stage), phase)
         if MASKED:
             if tile_start + BLOCK_N > kv_end:
-                _zero_tail_rows(kv_smem, stage, kv_end - tile_start)
-        s = _issue_qk(q_smem, kv_smem, stage, s_zero)
-        o0, o1, o2, o3 = _issue_pv(p, kv_smem, prev_stage, o0, o1, o2, o3, 0)
-        # wgmma groups retire in order: 4 left in flight means S_j is done, P V is not.
-        s = warpgroup_mma_wait(4, deps=(s,))
+                _zero_tail_rows(kv_smem, rope_smem, stage, kv_end - tile_start)
+        s = _issue_qk(q_smem, kv_smem, rope_smem, stage, s_zero)
+        o = _issue_pv(p, kv_smem, prev_stage, o, 0)
+        # wgmma groups retire in order: 1 left in flight means S_j is done, P V is not.
+        s = warpgroup_mma_wait(1, deps=(s,))
         p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, tile_start, kv_end,
                                                key_limit, s_layout, MASKED)
-        o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
+        o = warpgroup_mma_wait(0, deps=(o,))
         mbarrier.arrive(kv_empty.index(prev_stage), count=1)
-        a = gl.expand_dims(alpha, 1)
-        o0 = o0 * a
-        o1 = o1 * a
-        o2 = o2 * a
-        o3 = o3 * a
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p_lo = p_f32.to(p_smem.dtype)
         _send_p(p_smem, alpha_smem, p_ready, p_empty, p_lo, alpha, j)
         p = gl.convert_layout(p_lo, p_layout)
         prev_stage = stage
-    return o0, o1, o2, o3, p, m_i, l_i, prev_stage
+    return o, p, m_i, l_i, prev_stage
 
 
 @gluon.jit
-def _store_half(o0, o1, o2, o3, scale, rows, batch, slot, num_heads, num_rows,
+def _store_half(o, scale, rows, batch, slot, num_heads, num_rows,
                 out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr,
-                s_layout: gl.constexpr, FIRST_BOX: gl.constexpr):
+                o_layout: gl.constexpr, FIRST_BOX: gl.constexpr):
     """Write this warpgroup's 256 output columns, scaled by `scale` per row."""
-    sc = gl.expand_dims(scale, 1)
+    o = o * gl.expand_dims(scale, 1)
     row_ok = gl.expand_dims(rows < num_rows, 1)
-    cols = gl.expand_dims(gl.arange(0, BOX, layout=gl.SliceLayout(0, s_layout)), 0)
+    cols = gl.expand_dims(FIRST_BOX * BOX + gl.arange(0, V_BOXES_PER_WG * BOX,
+                                                      layout=gl.SliceLayout(0, o_layout)), 0)
     if slot < 0:
         token = rows // num_heads
         head = rows % num_heads
         dst = gl.expand_dims(out_ptr + batch.to(gl.int64) * stride_ob + token.to(gl.int64) * stride_os
-                              + head.to(gl.int64) * stride_oh, 1) + FIRST_BOX * BOX + cols
-        dtype = out_ptr.dtype.element_ty
-        gl.store(dst, (o0 * sc).to(dtype), mask=row_ok)
-        gl.store(dst + BOX, (o1 * sc).to(dtype), mask=row_ok)
-        gl.store(dst + 2 * BOX, (o2 * sc).to(dtype), mask=row_ok)
-        gl.store(dst + 3 * BOX, (o3 * sc).to(dtype), mask=row_ok)
+                             + head.to(gl.int64) * stride_oh, 1) + cols
+        gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok)
     else:
         slot_rows = slot.to(gl.int64) * num_rows + rows
-        wsp = gl.expand_dims(partial_out_ptr + slot_rows * 512, 1) + FIRST_BOX * BOX + cols
-        gl.store(wsp, o0 * sc, mask=row_ok)
-        gl.store(wsp + BOX, o1 * sc, mask=row_ok)
-        gl.store(wsp + 2 * BOX, o2 * sc, mask=row_ok)
-        gl.store(wsp + 3 * BOX, o3 * sc, mask=row_ok)
+        wsp = gl.expand_dims(partial_out_ptr + slot_rows * 512, 1) + cols
+        gl.store(wsp, o, mask=row_ok)
 
 
 @gluon.jit
 def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
                        stride_ob, stride_os, stride_oh, num_heads, q_len, num_rows,
-                       softmax_scale_log2, q_smem, kv_smem, p_smem, alpha_smem,
+                       softmax_scale_log2, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
                        q_ready, kv_ready, kv_empty, p_ready, p_empty,
                        NUM_STAGES: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BOX, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_BOXES_PER_WG * BOX, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     batch, kv_start, kv_end, slot = _work_item(work_ptr)
@@ -262,17 +271,14 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    o0 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=s_layout)
-    o1 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=s_layout)
-    o2 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=s_layout)
-    o3 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=s_layout)
+    o = gl.zeros([BLOCK_M, V_BOXES_PER_WG * BOX], gl.float32, layout=o_layout)
     mbarrier.wait(q_ready, 0)
 
     # Tile 0 is peeled (no previous P V to overlap) and always masked (once per item).
     mbarrier.wait(kv_ready.index(0), 0)
     if kv_start + BLOCK_N > kv_end:
-        _zero_tail_rows(kv_smem, 0, kv_end - kv_start)
-    s = _issue_qk(q_smem, kv_smem, 0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout))
+        _zero_tail_rows(kv_smem, rope_smem, 0, kv_end - kv_start)
+    s = _issue_qk(q_smem, kv_smem, rope_smem, 0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout))
     s = warpgroup_mma_wait(0, deps=(s,))
     p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, kv_start, kv_end, key_limit,
                                            s_layout, True)
@@ -280,16 +286,16 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
     _send_p(p_smem, alpha_smem, p_ready, p_empty, p_lo, alpha, 0)
     p = gl.convert_layout(p_lo, p_layout)
     stage = 0
-    o0, o1, o2, o3, p, m_i, l_i, stage = _softmax_loop(
-        o0, o1, o2, o3, p, m_i, l_i, stage, q_smem, kv_smem, p_smem, alpha_smem,
+    o, p, m_i, l_i, stage = _softmax_loop(
+        o, p, m_i, l_i, stage, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
         kv_ready, kv_empty, p_ready, p_empty, 1, num_full, kv_start, kv_end, key_limit, qk_scale,
-        s_layout, p_layout, NUM_STAGES, False)
-    o0, o1, o2, o3, p, m_i, l_i, stage = _softmax_loop(
-        o0, o1, o2, o3, p, m_i, l_i, stage, q_smem, kv_smem, p_smem, alpha_smem,
+        s_layout, o_layout, p_layout, NUM_STAGES, False)
+    o, p, m_i, l_i, stage = _softmax_loop(
+        o, p, m_i, l_i, stage, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
         kv_ready, kv_empty, p_ready, p_empty, gl.maximum(num_full, 1), num_tiles, kv_start,
-        kv_end, key_limit, qk_scale, s_layout, p_layout, NUM_STAGES, True)
-    o0, o1, o2, o3 = _issue_pv(p, kv_smem, stage, o0, o1, o2, o3, 0)
-    o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
+        kv_end, key_limit, qk_scale, s_layout, o_layout, p_layout, NUM_STAGES, True)
+    o = _issue_pv(p, kv_smem, stage, o, 0)
+    o = warpgroup_mma_wait(0, deps=(o,))
     mbarrier.arrive(kv_empty.index(stage), count=1)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
@@ -301,8 +307,9 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
     alpha_smem.store(scale)
     gl.thread_barrier()
     mbarrier.arrive(p_ready, count=1)
-    _store_half(o0, o1, o2, o3, scale, rows, batch, slot, num_heads, num_rows,
-                out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr, s_layout, 0)
+    _store_half(o, gl.convert_layout(scale, gl.SliceLayout(1, o_layout)),
+                gl.convert_layout(rows, gl.SliceLayout(1, o_layout)), batch, slot, num_heads,
+                num_rows, out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr, o_layout, 0)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     if slot < 0:
         gl.store(lse_ptr + batch.to(gl.int64) * num_rows + rows, lse, mask=rows < num_rows)
@@ -315,31 +322,24 @@ def _pv_partition(work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stri
                   num_heads, num_rows, kv_smem, p_smem, alpha_smem,
                   kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES: gl.constexpr):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BOX, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_BOXES_PER_WG * BOX, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     batch, kv_start, kv_end, slot = _work_item(work_ptr)
     num_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
-    o0 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=o_layout)
-    o1 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=o_layout)
-    o2 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=o_layout)
-    o3 = gl.zeros([BLOCK_M, BOX], gl.float32, layout=o_layout)
+    o = gl.zeros([BLOCK_M, V_BOXES_PER_WG * BOX], gl.float32, layout=o_layout)
     for j in range(num_tiles):
         stage = j % NUM_STAGES
         mbarrier.wait(kv_ready.index(stage), (j // NUM_STAGES) & 1)
         mbarrier.wait(p_ready, j & 1)
-        a = gl.expand_dims(alpha_smem.load(row_layout), 1)
-        o0 = o0 * a
-        o1 = o1 * a
-        o2 = o2 * a
-        o3 = o3 * a
-        o0, o1, o2, o3 = _issue_pv(p_smem, kv_smem, stage, o0, o1, o2, o3, V_BOXES_PER_WG)
-        o0, o1, o2, o3 = warpgroup_mma_wait(0, deps=(o0, o1, o2, o3))
+        o = o * gl.expand_dims(alpha_smem.load(row_layout), 1)
+        o = _issue_pv(p_smem, kv_smem, stage, o, V_BOXES_PER_WG)
+        o = warpgroup_mma_wait(0, deps=(o,))
         mbarrier.arrive(p_empty, count=1)
         mbarrier.arrive(kv_empty.index(stage), count=1)
     mbarrier.wait(p_ready, num_tiles & 1)
     scale = alpha_smem.load(row_layout)
     rows = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-    _store_half(o0, o1, o2, o3, scale, rows, batch, slot, num_heads, num_rows,
+    _store_half(o, scale, rows, batch, slot, num_heads, num_rows,
                 out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr, o_layout,
                 V_BOXES_PER_WG)
 
@@ -355,8 +355,12 @@ def mla_sm90_partial_kernel(
 ):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape, q_desc.layout)
-    kv_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * NUM_BOXES] + kv_desc.block_type.shape,
+    # A KV tile: boxes 0-7 (the 512 latent columns, also V) and box 8 (rope), apart because
+    # shared buffers need power-of-two inner dims.
+    kv_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * V_BOXES] + kv_desc.block_type.shape,
                                         kv_desc.layout)
+    rope_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + kv_desc.block_type.shape,
+                                          kv_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
@@ -376,13 +380,15 @@ def mla_sm90_partial_kernel(
     gl.warp_specialize([
         (_softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
                               partial_lse_ptr, stride_ob, stride_os, stride_oh, num_heads, q_len,
-                              num_rows, softmax_scale_log2, q_smem, kv_smem, p_smem, alpha_smem,
+                              num_rows, softmax_scale_log2, q_smem, kv_smem, rope_smem, p_smem,
+                              alpha_smem,
                               q_ready, kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
         (_pv_partition, (work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
                          num_heads, num_rows, kv_smem, p_smem, alpha_smem,
                          kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
         (_loader_partition, (work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
-                             q_smem, kv_smem, q_ready, kv_ready, kv_empty, PAGE_SIZE, NUM_STAGES)),
+                             q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty, PAGE_SIZE,
+                             NUM_STAGES)),
     ], [4, 1], [PV_REGS, LOADER_REGS])
 
 
