@@ -15,16 +15,19 @@ One program per (row block of 64, work item), grid (row_blocks, num_work). Three
     from the cache seen as 3-D [num_pages, page_size, 576] at (page, token % page_size,
     64 c), so page_size must be a multiple of 64 (a tile then lies in one page). NUM_STAGES
     KV buffers, each guarded by a ready / empty mbarrier pair.
-  * softmax warpgroup (the default partition, 4 warps): S_j = Q K_j^T over the 9 boxes
-    (one copy of S: no duplicated QK^T), online softmax, and its half of the output,
-    O[:, :256] (4 accumulators of [64, 64], 128 registers a thread) += P_j V_j[:, :256] with P
-    in registers. Software pipelined one tile deep: S_{j+1} is issued together with
+  * softmax warpgroup (the default partition, 4 warps, 256 registers): S_j = Q K_j^T over
+    the 9 boxes (one copy of S: no duplicated QK^T), online softmax, and its half of the
+    output, O[:, :256] ([64, 256] fp32, 128 registers a thread) += P_j V_j[:, :256] with P in
+    registers, one wgmma of N = 256 (see _v_half). Software pipelined one tile deep: S_{j+1} is issued together with
     O += P_j V_j, and the softmax of tile j+1 runs while the tensor cores do that P V.
     After each softmax it hands P_j (bf16/fp16, [64, 64]) and the row rescale factor alpha_j
     to the other warpgroup through shared memory (one buffer, p_ready / p_empty mbarriers).
   * P V warpgroup (4 warps): O[:, 256:] = O * alpha_j + P_j V_j[:, 256:] with P read from
     shared memory by wgmma. A last message after the final tile carries 1 / l instead of alpha.
-V is the first 512 columns of the K tile (boxes 0-7), used as an MN-major B operand.
+V is the first 512 columns of the K tile (boxes 0-7, in their own ring; box 8, rope, in a
+second ring), used as an MN-major B operand.
+Sending P_j before waiting for this warpgroup's own P V (so the other can start sooner) was
+tried and spills a register (the shared-memory base) at 256 registers; not kept.
 
 Shared memory: Q 72 KB + NUM_STAGES x 72 KB + P 8 KB (+ alpha 256 B): 2 stages = 224.3 KB of
 the 227 KB a block may take.
@@ -182,8 +185,8 @@ def _softmax_tile(s, m_i, l_i, qk_scale, tile_start, kv_end, key_limit,
 
 @gluon.jit
 def _send_p(p_smem, alpha_smem, p_ready, p_empty, p, alpha, count):
-    """Message `count` to the P V warpgroup: P (may be None-like: skipped by the caller) and
-    alpha, once it has released the previous message."""
+    """Message `count` to the P V warpgroup: P_count and alpha_count, once it has released
+    the previous message (one buffer)."""
     mbarrier.wait(p_empty, (count & 1) ^ 1)
     p_smem.store(p)
     alpha_smem.store(alpha)
