@@ -126,3 +126,92 @@ def test_fp8_cache_with_q_past_fp16_range(num_heads, q_len):
     assert torch.isfinite(out).all()
     assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCE[q.dtype]
     assert float(((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max()) < LSE_TOLERANCE
+
+
+# ---- the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py), forced by TILEATTN_MLA_KERNEL ----
+
+def _gluon_runs(q, kv, plan) -> bool:
+    from tileattn.arch import arch_of
+    from tileattn.kernels import mla_decode as kernels
+    return kernels.partial_kernel_for(q, kv, plan, arch_of(q.device)) == "gluon"
+
+
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available()
+                                or torch.cuda.get_device_capability() != (9, 0),
+                                reason="the Gluon MLA kernel is sm90 only")
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("num_heads,q_len", [(64, 1), (128, 1), (64, 2), (128, 2), (16, 4), (32, 3)])
+def test_gluon_kernel(num_heads, q_len, dtype, monkeypatch):
+    monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
+    inputs = make_inputs([max(s, q_len) for s in SEQ_LENS], num_heads, q_len, 64, dtype, dtype)
+    q, kv, page_table, seq_lens, descale = inputs
+    plan = tileattn.mla_plan(seq_lens, num_heads=num_heads, q_len=q_len, page_size=64,
+                             kv_dtype=kv.dtype, device="cuda")
+    assert _gluon_runs(q, kv, plan)
+    assert plan.num_slots > 0, "some sequences must be split across work items"
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
+                                   return_lse=True)
+    check(out, lse, *inputs)
+
+
+@needs_sm90
+@pytest.mark.parametrize("num_heads", [64, 128])
+def test_gluon_kernel_ignores_nan_past_sequence_end(num_heads, monkeypatch):
+    """The last tile of a sequence is read whole by TMA; cache rows past seq_len (same page)
+    hold NaN here and must not reach the output (the kernel zeroes them before P V)."""
+    monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
+    lengths = [1, 63, 65, 1000, 4097]
+    q, kv, page_table, seq_lens, descale = make_inputs(lengths, num_heads, 1, 64, torch.bfloat16,
+                                                       torch.bfloat16)
+    for b, length in enumerate(lengths):
+        page = int(page_table[b, length // 64])
+        kv[page, length % 64:] = float("nan")
+    plan = tileattn.mla_plan(seq_lens, num_heads=num_heads, page_size=64, kv_dtype=kv.dtype,
+                             device="cuda")
+    assert _gluon_runs(q, kv, plan)
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
+                                   return_lse=True)
+    check(out, lse, q, kv, page_table, seq_lens, None)
+
+
+@needs_sm90
+def test_gluon_kernel_single_long_sequence(monkeypatch):
+    monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
+    inputs = make_inputs([32768], 128, 1, 64, torch.bfloat16, torch.bfloat16)
+    q, kv, page_table, seq_lens, descale = inputs
+    plan = tileattn.mla_plan(seq_lens, num_heads=128, page_size=64, kv_dtype=kv.dtype, device="cuda")
+    assert plan.num_work > 32 and _gluon_runs(q, kv, plan)
+    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
+                                   return_lse=True)
+    check(out, lse, *inputs)
+
+
+@needs_sm90
+def test_gluon_kernel_cuda_graph_replay(monkeypatch):
+    monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
+    q, kv, page_table, seq_lens, descale = make_inputs([2, 700, 5000, 33], 64, 2, 64,
+                                                       torch.bfloat16, torch.bfloat16)
+    plan = tileattn.mla_plan(seq_lens, num_heads=64, q_len=2, page_size=64, kv_dtype=kv.dtype,
+                             device="cuda")
+    assert plan.num_slots > 0 and _gluon_runs(q, kv, plan)
+    call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE,
+                                       plan=plan, return_lse=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()   # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for seed in (1, 2):
+        new = make_inputs([2, 700, 5000, 33], 64, 2, 64, torch.bfloat16, torch.bfloat16, seed=seed)
+        q.copy_(new[0])
+        kv.copy_(new[1])
+        page_table.copy_(new[2])
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, q, kv, page_table, seq_lens, None)

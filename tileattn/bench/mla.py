@@ -177,6 +177,9 @@ SWEEP_VARIANTS = (
     ("w4", {"num_warps": 4}),
     ("s3", {"num_stages": 3}),
 )
+# Variants that compare the partial kernels themselves on the table row's plan: "mla_kernel"
+# sets TILEATTN_MLA_KERNEL while the variant runs (tileattn/kernels/mla_decode.py).
+KERNEL_VARIANTS = (("triton", {"mla_kernel": "triton"}), ("gluon", {"mla_kernel": "gluon"}))
 SWEEP_SHAPES = ((768, 2048, 16, "bf16"), (768, 2048, 32, "bf16"), (768, 2048, 64, "bf16"),
                 (768, 2048, 128, "bf16"), (32, 8192, 16, "bf16"), (32, 8192, 64, "bf16"),
                 (768, 2048, 16, "fp8"), (768, 2048, 64, "fp8"), (32, 8192, 16, "fp8"))
@@ -184,8 +187,10 @@ SWEEP_SHAPES = ((768, 2048, 16, "bf16"), (768, 2048, 32, "bf16"), (768, 2048, 64
 
 def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
     """Time each SWEEP_VARIANTS row of the sm90 split_dv config at SWEEP_SHAPES (page_size 64,
-    q_len 1), checked against the table row's output. Results: mla-sweep JSON."""
+    q_len 1), checked against the first variant's output. A variant's "mla_kernel" entry
+    (KERNEL_VARIANTS) picks the partial kernel. Results: mla-sweep JSON."""
     import dataclasses
+    import os
 
     from tileattn.api import plan_for_config
     from tileattn.arch import arch_of
@@ -196,6 +201,7 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
     copy_rate = copy_gbps(device)
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
+    previous_kernel = os.environ.get("TILEATTN_MLA_KERNEL")
     for batch, seq_len, heads, kv_name in shapes:
         kv_cache, page_table, kv_descale = _make_cache(batch, seq_len, 64, kv_name, device, gen)
         q = torch.randn(batch, 1, heads, HEAD_DIM_QK, device=device, generator=gen, dtype=torch.bfloat16)
@@ -205,6 +211,9 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
         expected = None
         base = kernels.config_for(arch_of(device), "split_dv", heads)
         for name, changes in variants:
+            changes = dict(changes)
+            mla_kernel = changes.pop("mla_kernel", "auto")
+            os.environ["TILEATTN_MLA_KERNEL"] = mla_kernel
             try:
                 config = dataclasses.replace(base, **changes)
             except ValueError as error:  # a shape the config table rules out
@@ -212,6 +221,7 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
                 continue
             plan = plan_for_config([seq_len] * batch, config, num_heads=heads, q_len=1,
                                    page_size=64, kv_dtype=kv_cache.dtype, device=device)
+            kernel = kernels.partial_kernel_for(q, kv_cache, plan, arch_of(device))
             call = lambda: tileattn.mla_decode(q, kv_cache, page_table, seq_lens, softmax_scale=0.07,
                                                kv_descale=kv_descale, plan=plan)
             try:
@@ -227,10 +237,14 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
                 print(f"{name} b{batch} s{seq_len} h{heads} {kv_name}: {type(error).__name__} {str(error)[:120]}")
                 continue
             row = dict(batch=batch, seq_len=seq_len, heads=heads, kv_dtype=kv_name, variant=name,
+                       kernel=kernel,
                        config=dataclasses.asdict(config), num_work=plan.num_work, ms=ms,
                        gbps=io_bytes / ms / 1e6, tflops=flops / ms / 1e9)
             rows.append(row)
             print(f"b{batch:>4} s{seq_len:>5} h{heads:>3} {kv_name:>4} {name:>6}: {ms:.4f} ms "
                   f"{row['gbps']:6.0f} GB/s ({row['gbps'] / copy_rate:.2f} copy) {row['tflops']:6.1f} TFLOP/s "
-                  f"work {plan.num_work}", flush=True)
+                  f"work {plan.num_work} {kernel}", flush=True)
+    os.environ.pop("TILEATTN_MLA_KERNEL", None)
+    if previous_kernel is not None:
+        os.environ["TILEATTN_MLA_KERNEL"] = previous_kernel
     return write_results("mla-sweep", dict(facts, copy_gbps=copy_rate, rows=rows), out_dir)

@@ -31,6 +31,7 @@ Pointer layouts (element strides):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -437,12 +438,42 @@ def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> st
     return "direct"
 
 
+MLA_KERNELS = ("auto", "triton", "gluon")
+# Whether "auto" takes the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py) where it supports
+# the inputs. Off until it has measured faster than the Triton kernel on a GPU.
+GLUON_BY_DEFAULT = False
+
+
+def partial_kernel_for(q, kv_cache, plan, arch: Arch) -> str:
+    """Which partial kernel runs checked inputs: "gluon" (the warp-specialized wgmma kernel in
+    mla_sm90.py) or "triton" (mla_decode_partial_kernel). TILEATTN_MLA_KERNEL=triton|gluon
+    forces one; "gluon" still falls back to Triton where the Gluon kernel does not support the
+    inputs (FP8 cache, H·q_len < 64, page_size not a multiple of 64, a plan whose chunks are
+    not whole 64-key tiles)."""
+    choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
+    if choice not in MLA_KERNELS:
+        raise ValueError(f"TILEATTN_MLA_KERNEL must be one of {MLA_KERNELS}, got {choice!r}")
+    if choice == "triton" or (choice == "auto" and not GLUON_BY_DEFAULT):
+        return "triton"
+    if arch.name != "sm90" or interpreter_active():
+        return "triton"
+    from . import mla_sm90  # Gluon: imported only where it can run
+    if plan.chunk_size % mla_sm90.BLOCK_N.value != 0 or not mla_sm90.supports(q, kv_cache):
+        return "triton"
+    return "gluon"
+
+
 def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
                         softmax_scale: float, arch: Arch) -> list[KernelLaunch]:
     """The launches for checked inputs and a matching plan; running them in order writes
     `out` and `lse`. No host synchronisation, no allocation: the plan owns the workspace."""
     batch, q_len, num_heads, _ = q.shape
     config = plan.config
+    if partial_kernel_for(q, kv_cache, plan, arch) == "gluon":
+        from . import mla_sm90
+        launches = [mla_sm90.mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
+                                             softmax_scale)]
+        return launches + _combine_launches(q, out, lse, plan)
     kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
     if kv_widen == "bytes":
         kv_cache = kv_cache.view(torch.uint8)
@@ -475,6 +506,14 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     grid = (-(-num_rows // block_m) * config.dv_chunks, plan.num_work)
     launches = [KernelLaunch(mla_decode_partial_kernel, grid, args, constexprs,
                              config.num_warps, config.num_stages)]
+    return launches + _combine_launches(q, out, lse, plan)
+
+
+def _combine_launches(q, out, lse, plan) -> list[KernelLaunch]:
+    """The combine launch where some sequence has several work items (none otherwise)."""
+    batch, q_len, num_heads, _ = q.shape
+    num_rows = q_len * num_heads
+    launches = []
     if plan.num_slots > 0:
         combine_args = dict(
             partial_out_ptr=plan.partial_out, partial_lse_ptr=plan.partial_lse,
