@@ -441,7 +441,11 @@ def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> st
 MLA_KERNELS = ("auto", "triton", "gluon")
 # Whether "auto" takes the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py) where it supports
 # the inputs. Off until it has measured faster than the Triton kernel on a GPU.
-GLUON_BY_DEFAULT = False
+# H100, batch 768 seq 2048 bf16 (results/2026-11-22-h100-session5/mla-gluon-sweep.json), Triton vs
+# Gluon: H64 1.053 vs 0.683 ms (0.60 -> 0.93 of the copy rate), H128 222 vs 399 TFLOP/s; batch
+# 128 seq 8192 H128 222 vs 406. The Gluon kernel is the split_dv schedule (one S, P shared), so
+# `auto` takes it for split_dv plans only; dup_qk plans stay on Triton.
+GLUON_BY_DEFAULT = True
 
 
 def partial_kernel_for(q, kv_cache, plan, arch: Arch) -> str:
@@ -453,7 +457,8 @@ def partial_kernel_for(q, kv_cache, plan, arch: Arch) -> str:
     choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
     if choice not in MLA_KERNELS:
         raise ValueError(f"TILEATTN_MLA_KERNEL must be one of {MLA_KERNELS}, got {choice!r}")
-    if choice == "triton" or (choice == "auto" and not GLUON_BY_DEFAULT):
+    if choice == "triton" or (choice == "auto" and not (GLUON_BY_DEFAULT
+                                                        and plan.config.schedule == "split_dv")):
         return "triton"
     if arch.name != "sm90" or interpreter_active():
         return "triton"

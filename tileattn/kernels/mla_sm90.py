@@ -399,14 +399,6 @@ def mla_sm90_partial_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------
 
-class MLASm90Launch(KernelLaunch):
-    """Launched through Triton's JIT: KernelLaunch's cached fast path keys arguments by type
-    only, which cannot tell two tensor descriptors apart (see attention_sm90.Sm90Launch)."""
-
-    def run(self) -> None:
-        self.kernel[self.grid](**self.args, **self.constexprs, num_warps=self.num_warps)
-
-
 def _tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
     size = x.element_size()
     return x.data_ptr() % 16 == 0 and all(x.stride(d) * size % 16 == 0 for d in dims)
@@ -451,4 +443,5 @@ def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
                       PV_REGS=PV_REGS, LOADER_REGS=LOADER_REGS)
     grid = (-(-num_rows // BLOCK_M.value), plan.num_work)
-    return MLASm90Launch(mla_sm90_partial_kernel, grid, args, constexprs, 4, 1)
+    # KernelLaunch's fast path keys the TMA descriptors by dtype, block shape and layout.
+    return KernelLaunch(mla_sm90_partial_kernel, grid, args, constexprs, 4, 1)
