@@ -61,13 +61,14 @@ for heads, q_len, kv_dtype in ((16, 1, torch.bfloat16), (16, 2, torch.bfloat16),
     table = torch.randperm(80, device='cuda').to(torch.int32)[:60].reshape(3, 20)
     q = torch.randn(3, q_len, heads, 576, device='cuda', dtype=torch.bfloat16)
     tileattn.mla_decode(q, kv, table, lens.clamp(min=q_len), softmax_scale=0.07)
+import os; os.environ['TILEATTN_MLA_KERNEL'] = 'gluon'
 for heads, q_len in ((64, 1), (128, 2)):  # page 64: the Gluon MLA kernel
     lens = torch.tensor([2, 70, 700], dtype=torch.int32, device='cuda'); page = 64
     kv = torch.randn(40, page, 576, device='cuda', dtype=torch.bfloat16)
     table = torch.randperm(40, device='cuda').to(torch.int32)[:36].reshape(3, 12)
     q = torch.randn(3, q_len, heads, 576, device='cuda', dtype=torch.bfloat16)
     tileattn.mla_decode(q, kv, table, lens, softmax_scale=0.07)
-import os; os.environ['TILEATTN_KERNEL'] = 'sm90'  # the Gluon prefill kernel, odd lengths
+os.environ['TILEATTN_KERNEL'] = 'sm90'  # the Gluon prefill kernel, odd lengths
 q = torch.randn(2, 333, 8, 128, device='cuda', dtype=torch.bfloat16); k = torch.randn(2, 1001, 2, 128, device='cuda', dtype=torch.bfloat16)
 for causal in (False, True):
     tileattn.attention(q, k, k, causal=causal, return_lse=True)

@@ -9,7 +9,7 @@ fp16. Also checks the partial-kernel dispatch (TILEATTN_MLA_KERNEL) for an sm90 
 from .compile_helpers import run_without_interpreter
 
 CHILD = r'''
-import json, os, re, subprocess, tempfile, torch, triton
+import dataclasses, json, os, re, subprocess, tempfile, torch, triton
 from tileattn import scheduler
 from tileattn.arch import arch_for_capability
 from tileattn.kernels import mla_decode as mla, mla_sm90
@@ -66,6 +66,9 @@ for choice in ("auto", "triton", "gluon"):
                          "dup_qk": dict(num_heads=128, q_len=1, schedule="dup_qk")}.items():
         q, kv, page_table, seq_lens, out, lse, plan = inputs(**kwargs)
         dispatch[f"{choice}-{name}"] = mla.partial_kernel_for(q, kv, plan, SM90)
+        if name in ("h128", "dup_qk"):  # the same plan for a batch of 2^18 keys
+            big = dataclasses.replace(plan, total_keys=mla.GLUON_MIN_KEYS)
+            dispatch[f"{choice}-{name}-big"] = mla.partial_kernel_for(q, kv, big, SM90)
 print(json.dumps({"rows": rows, "dispatch": dispatch}))
 '''
 
@@ -78,7 +81,11 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
         assert row["stack"] == 0 and row["local"] == 0, (name, row)   # no register spills
         assert "256" in row["setmaxnreg"], (name, row)                 # softmax warpgroup
     dispatch = result["dispatch"]
-    assert dispatch["auto-h128"] == ("gluon" if _gluon_by_default() else "triton")
+    # auto: Gluon for split_dv plans of at least GLUON_MIN_KEYS keys (small batches lost).
+    assert dispatch["auto-h128"] == "triton"
+    assert dispatch["auto-h128-big"] == ("gluon" if _gluon_by_default() else "triton")
+    assert dispatch["auto-dup_qk-big"] == "triton"
+    assert dispatch["gluon-h128-big"] == "gluon" and dispatch["triton-h128-big"] == "triton"
     assert all(v == "triton" for k, v in dispatch.items() if k.startswith("triton-"))
     assert dispatch["gluon-h128"] == "gluon"
     assert dispatch["gluon-h16q4"] == "gluon"       # 64 rows from 16 heads x 4 tokens

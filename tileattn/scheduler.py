@@ -123,6 +123,7 @@ class MLAPlan:
     num_work: int
     num_slots: int
     max_seq_len: int
+    total_keys: int = 0         # sum of seq_lens
     config: _Any = None         # the kernel config the chunks were sized for
 
 
@@ -175,5 +176,5 @@ def make_mla_plan(seq_lens: list[int], *, num_heads: int, q_len: int, page_size:
         partial_lse=_torch.empty((max(num_slots, 1), num_rows), dtype=_torch.float32, device=device),
         batch=len(seq_lens), num_heads=num_heads, q_len=q_len, page_size=page_size,
         kv_dtype=kv_dtype, chunk_size=chunk, num_work=len(work), num_slots=num_slots,
-        max_seq_len=max(seq_lens), config=config,
+        max_seq_len=max(seq_lens), total_keys=sum(seq_lens), config=config,
     )

@@ -444,8 +444,14 @@ MLA_KERNELS = ("auto", "triton", "gluon")
 # H100, batch 768 seq 2048 bf16 (results/2026-11-22-h100-session5/mla-gluon-sweep.json), Triton vs
 # Gluon: H64 1.053 vs 0.683 ms (0.60 -> 0.93 of the copy rate), H128 222 vs 399 TFLOP/s; batch
 # 128 seq 8192 H128 222 vs 406. The Gluon kernel is the split_dv schedule (one S, P shared), so
-# `auto` takes it for split_dv plans only; dup_qk plans stay on Triton.
+# `auto` takes it for split_dv plans only; dup_qk plans stay on Triton. And only from
+# GLUON_MIN_KEYS keys in the batch: in the grid (2026-11-23-h100-mla-session5b.json vs
+# ...-session5.json) it lost below that (batch 128 seq 1024 H128 0.338 vs 0.189 ms; batch 32
+# seq 2048 H64 0.258 vs 0.075) and won from it (batch 128 seq 2048 H64 0.128 vs 0.189, H128
+# 0.197 vs 0.343), except batch 32 seq 8192 H64 (0.368 vs 0.198; H128 there 0.256 vs 0.377).
+# Why it loses on small batches is not understood yet (see benchmarks/NOTES.md).
 GLUON_BY_DEFAULT = True
+GLUON_MIN_KEYS = 1 << 18
 
 
 def partial_kernel_for(q, kv_cache, plan, arch: Arch) -> str:
@@ -457,8 +463,9 @@ def partial_kernel_for(q, kv_cache, plan, arch: Arch) -> str:
     choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
     if choice not in MLA_KERNELS:
         raise ValueError(f"TILEATTN_MLA_KERNEL must be one of {MLA_KERNELS}, got {choice!r}")
-    if choice == "triton" or (choice == "auto" and not (GLUON_BY_DEFAULT
-                                                        and plan.config.schedule == "split_dv")):
+    if choice == "triton" or (choice == "auto" and not (
+            GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
+            and plan.total_keys >= GLUON_MIN_KEYS)):
         return "triton"
     if arch.name != "sm90" or interpreter_active():
         return "triton"
