@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import torch
 
@@ -302,6 +303,10 @@ def _check_seq_lens(seq_lens, batch: int | None = None) -> None:
         raise ValueError(f"seq_lens must have one entry per sequence ({batch}), got {seq_lens.shape[0]}")
 
 
+class PerformanceWarning(UserWarning):
+    """A call that works but is known to be slower than an alternative the user controls."""
+
+
 def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, schedule=None):
     """The split-KV plan for one batch layout: work items and workspace for mla_decode.
 
@@ -321,7 +326,12 @@ def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, sched
     if shortest < q_len:
         raise ValueError(f"every seq_lens entry must be >= q_len ({q_len}) since the q_len new "
                          f"tokens are in the cache, got seq_lens[{lengths.index(shortest)}] = {shortest}")
-    config = mla_kernels.config_for(arch_of(device), schedule, num_heads * q_len)
+    arch = arch_of(device)
+    if kv_dtype == torch.float8_e4m3fn and mla_kernels.fp8_cache_slower(arch, num_heads * q_len):
+        warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_heads * q_len} >= 64 runs "
+                      f"slower than a bf16 cache on {arch.name} today (1.8-2.2x the time on "
+                      f"H100; see README, MLA decode)", PerformanceWarning, stacklevel=2)
+    config = mla_kernels.config_for(arch, schedule, num_heads * q_len)
     return plan_for_config(lengths, config, num_heads=num_heads, q_len=q_len,
                            page_size=page_size, kv_dtype=kv_dtype, device=device)
 
