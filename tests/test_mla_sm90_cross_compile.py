@@ -11,6 +11,7 @@ from .compile_helpers import run_without_interpreter
 CHILD = r'''
 import dataclasses, json, os, re, subprocess, tempfile, torch, triton
 from tileattn import scheduler
+from tileattn.api import mla_kernel_for
 from tileattn.arch import arch_for_capability
 from tileattn.kernels import mla_decode as mla, mla_sm90
 from tileattn.kernels.attention_sm90 import cross_compile_sm90
@@ -65,10 +66,10 @@ for choice in ("auto", "triton", "gluon"):
                          "page16": dict(num_heads=128, q_len=1, page_size=16),
                          "dup_qk": dict(num_heads=128, q_len=1, schedule="dup_qk")}.items():
         q, kv, page_table, seq_lens, out, lse, plan = inputs(**kwargs)
-        dispatch[f"{choice}-{name}"] = mla.partial_kernel_for(q, kv, plan, SM90)
+        dispatch[f"{choice}-{name}"] = mla_kernel_for(SM90, q, kv, plan)
         if name in ("h128", "dup_qk"):  # the same plan for a batch of 2^18 keys
             big = dataclasses.replace(plan, total_keys=mla.GLUON_MIN_KEYS)
-            dispatch[f"{choice}-{name}-big"] = mla.partial_kernel_for(q, kv, big, SM90)
+            dispatch[f"{choice}-{name}-big"] = mla_kernel_for(SM90, q, kv, big)
 print(json.dumps({"rows": rows, "dispatch": dispatch}))
 '''
 

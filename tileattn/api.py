@@ -458,12 +458,37 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
                       device=q.device)
     # The kernels always write the LSE: the combine needs it and it is 2 KB per 512 outputs.
     lse = torch.empty((batch, q_len, num_heads), dtype=torch.float32, device=q.device)
+    arch = arch_of(q.device)
+    kernel = mla_kernel_for(arch, q, kv_cache, plan)
     with on_device(q.device):
         for launch in mla_kernels.mla_decode_launches(q, kv_cache, page_table, seq_lens,
                                                       kv_descale, out, lse, plan, softmax_scale,
-                                                      arch_of(q.device)):
+                                                      arch, kernel):
             launch.run()
     return (out, lse) if return_lse else out
+
+
+MLA_KERNELS = ("auto", "triton", "gluon")
+
+
+def mla_kernel_for(arch, q, kv_cache, plan) -> str:
+    """Which MLA partial kernel runs checked inputs: "gluon" (the warp-specialized wgmma kernel
+    in kernels/mla_sm90.py) where the chip is sm90, it supports the inputs and it measured
+    faster (mla_decode.gluon_preferred); "triton" (mla_decode_partial_kernel) otherwise.
+    TILEATTN_MLA_KERNEL=triton|gluon forces one; "gluon" still falls back to Triton where the
+    Gluon kernel does not support the inputs (FP8 cache, H·q_len < 64, page_size not a
+    multiple of 64, a plan whose chunks are not whole 64-key tiles)."""
+    choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
+    if choice not in MLA_KERNELS:
+        raise ValueError(f"TILEATTN_MLA_KERNEL must be one of {MLA_KERNELS}, got {choice!r}")
+    if choice == "triton" or (choice == "auto" and not mla_kernels.gluon_preferred(plan)):
+        return "triton"
+    if arch.name != "sm90" or interpreter_active():
+        return "triton"
+    from .kernels import mla_sm90  # Gluon: imported only where it can run
+    if plan.chunk_size % mla_sm90.BLOCK_N.value != 0 or not mla_sm90.supports(q, kv_cache):
+        return "triton"
+    return "gluon"
 
 
 def _plan_seq_lens(plan) -> list[int]:

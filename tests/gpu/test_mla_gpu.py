@@ -82,13 +82,28 @@ def test_single_long_sequence_splits_across_sms():
     check(out, lse, *inputs)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
-def test_cuda_graph_capture_and_replay_with_new_data(kv_dtype):
-    q, kv, page_table, seq_lens, descale = make_inputs([2, 700, 5000, 33], 64, 2, 16,
+def _gluon_runs(q, kv, plan) -> bool:
+    from tileattn.api import mla_kernel_for
+    from tileattn.arch import arch_of
+    return mla_kernel_for(arch_of(q.device), q, kv, plan) == "gluon"
+
+
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available()
+                                or torch.cuda.get_device_capability() != (9, 0),
+                                reason="the Gluon MLA kernel is sm90 only")
+
+
+@pytest.mark.parametrize("kv_dtype,page_size,kernel", [
+    (torch.bfloat16, 16, "triton"), (torch.float8_e4m3fn, 16, "triton"),
+    pytest.param(torch.bfloat16, 64, "gluon", marks=needs_sm90)], ids=str)
+def test_cuda_graph_capture_and_replay_with_new_data(kv_dtype, page_size, kernel, monkeypatch):
+    monkeypatch.setenv("TILEATTN_MLA_KERNEL", kernel)
+    q, kv, page_table, seq_lens, descale = make_inputs([2, 700, 5000, 33], 64, 2, page_size,
                                                        torch.bfloat16, kv_dtype)
-    plan = tileattn.mla_plan(seq_lens, num_heads=64, q_len=2, page_size=16, kv_dtype=kv.dtype,
-                             device="cuda")
+    plan = tileattn.mla_plan(seq_lens, num_heads=64, q_len=2, page_size=page_size,
+                             kv_dtype=kv.dtype, device="cuda")
     assert plan.num_slots > 0, "the graph must include the combine step"
+    assert (kernel == "gluon") == _gluon_runs(q, kv, plan)
     call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE,
                                        kv_descale=descale, plan=plan, return_lse=True)
     stream = torch.cuda.Stream()
@@ -100,7 +115,8 @@ def test_cuda_graph_capture_and_replay_with_new_data(kv_dtype):
     with torch.cuda.graph(graph):
         out, lse = call()
     for seed in (1, 2):
-        new = make_inputs([2, 700, 5000, 33], 64, 2, 16, torch.bfloat16, kv_dtype, seed=seed)
+        new = make_inputs([2, 700, 5000, 33], 64, 2, page_size, torch.bfloat16, kv_dtype,
+                          seed=seed)
         q.copy_(new[0])
         kv.copy_(new[1])
         page_table.copy_(new[2])
@@ -129,16 +145,6 @@ def test_fp8_cache_with_q_past_fp16_range(num_heads, q_len):
 
 
 # ---- the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py), forced by TILEATTN_MLA_KERNEL ----
-
-def _gluon_runs(q, kv, plan) -> bool:
-    from tileattn.arch import arch_of
-    from tileattn.kernels import mla_decode as kernels
-    return kernels.partial_kernel_for(q, kv, plan, arch_of(q.device)) == "gluon"
-
-
-needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available()
-                                or torch.cuda.get_device_capability() != (9, 0),
-                                reason="the Gluon MLA kernel is sm90 only")
 
 
 @needs_sm90
@@ -187,31 +193,3 @@ def test_gluon_kernel_single_long_sequence(monkeypatch):
     out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
                                    return_lse=True)
     check(out, lse, *inputs)
-
-
-@needs_sm90
-def test_gluon_kernel_cuda_graph_replay(monkeypatch):
-    monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
-    q, kv, page_table, seq_lens, descale = make_inputs([2, 700, 5000, 33], 64, 2, 64,
-                                                       torch.bfloat16, torch.bfloat16)
-    plan = tileattn.mla_plan(seq_lens, num_heads=64, q_len=2, page_size=64, kv_dtype=kv.dtype,
-                             device="cuda")
-    assert plan.num_slots > 0 and _gluon_runs(q, kv, plan)
-    call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE,
-                                       plan=plan, return_lse=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()   # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = call()
-    for seed in (1, 2):
-        new = make_inputs([2, 700, 5000, 33], 64, 2, 64, torch.bfloat16, torch.bfloat16, seed=seed)
-        q.copy_(new[0])
-        kv.copy_(new[1])
-        page_table.copy_(new[2])
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out, lse, q, kv, page_table, seq_lens, None)

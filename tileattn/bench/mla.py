@@ -178,7 +178,7 @@ SWEEP_VARIANTS = (
     ("s3", {"num_stages": 3}),
 )
 # Variants that compare the partial kernels themselves on the table row's plan: "mla_kernel"
-# sets TILEATTN_MLA_KERNEL while the variant runs (tileattn/kernels/mla_decode.py).
+# sets TILEATTN_MLA_KERNEL while the variant runs (tileattn.api.mla_kernel_for).
 KERNEL_VARIANTS = (("triton", {"mla_kernel": "triton"}), ("gluon", {"mla_kernel": "gluon"}))
 SWEEP_SHAPES = ((768, 2048, 16, "bf16"), (768, 2048, 32, "bf16"), (768, 2048, 64, "bf16"),
                 (768, 2048, 128, "bf16"), (32, 8192, 16, "bf16"), (32, 8192, 64, "bf16"),
@@ -192,7 +192,7 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
     import dataclasses
     import os
 
-    from tileattn.api import plan_for_config
+    from tileattn.api import mla_kernel_for, plan_for_config
     from tileattn.arch import arch_of
     from tileattn.kernels import mla_decode as kernels
 
@@ -221,7 +221,7 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
                 continue
             plan = plan_for_config([seq_len] * batch, config, num_heads=heads, q_len=1,
                                    page_size=64, kv_dtype=kv_cache.dtype, device=device)
-            kernel = kernels.partial_kernel_for(q, kv_cache, plan, arch_of(device))
+            kernel = mla_kernel_for(arch_of(device), q, kv_cache, plan)
             call = lambda: tileattn.mla_decode(q, kv_cache, page_table, seq_lens, softmax_scale=0.07,
                                                kv_descale=kv_descale, plan=plan)
             try:

@@ -49,6 +49,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..arch import FP8_DTYPES, num_sms
 from ..scheduler import heads_per_group, prefill_work_lists
 from .cross_compile import KernelLaunch
+from .gluon_common import GL_DTYPES, online_softmax, tma_ready
 
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
 CONSUMER_REGS = gl.constexpr(240)  # a split (ping-pong) consumer warpgroup: 2 x 128 x 240 + 128 x 24 <= 64K
@@ -82,29 +83,17 @@ CONFIGS: dict[tuple[int, bool], Sm90Config] = {
 }
 
 
-_GL_DTYPES = {
-    torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
-    torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5,
-}
-
-
-def _tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
-    """TMA needs a 16-byte aligned base and 16-byte aligned strides for all but the last dim."""
-    size = x.element_size()
-    return x.data_ptr() % 16 == 0 and all(x.stride(d) * size % 16 == 0 for d in dims)
-
-
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """Whether attention_sm90_launch handles these (already validated) inputs."""
     head_dim = q.shape[3]
-    if q.dtype not in _GL_DTYPES or v.shape[3] != head_dim or (head_dim, False) not in CONFIGS:
+    if q.dtype not in GL_DTYPES or v.shape[3] != head_dim or (head_dim, False) not in CONFIGS:
         return False  # Dv != D (e.g. 192/128) and 96/192 run on the portable kernel
     v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     if (q.dtype in FP8_DTYPES) != v_k_major:
         return False  # 16-bit K-major V compiles but has not run on a GPU yet
-    if not (_tma_ready(q, (0, 1, 2)) and _tma_ready(k, (0, 1, 2))):
+    if not (tma_ready(q, (0, 1, 2)) and tma_ready(k, (0, 1, 2))):
         return False
-    return _tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
+    return tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
 
 
 # Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which
@@ -234,16 +223,7 @@ def _softmax_update(s, m_i, l_i, qk_scale, rows, key_start, seqlen_k, causal_shi
         if CAUSAL:
             visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + causal_shift)
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    if MASKED:
-        # A row that has seen no visible key keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_safe = m_new
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_new
+    return online_softmax(s, m_i, l_i, qk_scale, MASKED)
 
 
 @gluon.jit
@@ -503,7 +483,7 @@ LOG2_E = 1.4426950408889634
 @functools.lru_cache(maxsize=64)
 def _shared_layout(block_shape: tuple[int, ...], dtype: torch.dtype):
     # ~10 us a call on the host: made once per (block shape, dtype), not once per launch.
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), GL_DTYPES[dtype])
 
 
 def _descriptor(x: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:

@@ -31,7 +31,6 @@ Pointer layouts (element strides):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -438,9 +437,7 @@ def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> st
     return "direct"
 
 
-MLA_KERNELS = ("auto", "triton", "gluon")
-# Whether "auto" takes the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py) where it supports
-# the inputs. Off until it has measured faster than the Triton kernel on a GPU.
+# Where the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py) runs by default (api.mla_kernel_for).
 # H100, batch 768 seq 2048 bf16 (results/2026-11-22-h100-session5/mla-gluon-sweep.json), Triton vs
 # Gluon: H64 1.053 vs 0.683 ms (0.60 -> 0.93 of the copy rate), H128 222 vs 399 TFLOP/s; batch
 # 128 seq 8192 H128 222 vs 406. The Gluon kernel is the split_dv schedule (one S, P shared), so
@@ -461,34 +458,21 @@ def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
     return arch.name == "sm90" and num_rows >= 64
 
 
-def partial_kernel_for(q, kv_cache, plan, arch: Arch) -> str:
-    """Which partial kernel runs checked inputs: "gluon" (the warp-specialized wgmma kernel in
-    mla_sm90.py) or "triton" (mla_decode_partial_kernel). TILEATTN_MLA_KERNEL=triton|gluon
-    forces one; "gluon" still falls back to Triton where the Gluon kernel does not support the
-    inputs (FP8 cache, H·q_len < 64, page_size not a multiple of 64, a plan whose chunks are
-    not whole 64-key tiles)."""
-    choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
-    if choice not in MLA_KERNELS:
-        raise ValueError(f"TILEATTN_MLA_KERNEL must be one of {MLA_KERNELS}, got {choice!r}")
-    if choice == "triton" or (choice == "auto" and not (
-            GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
-            and plan.total_keys >= GLUON_MIN_KEYS)):
-        return "triton"
-    if arch.name != "sm90" or interpreter_active():
-        return "triton"
-    from . import mla_sm90  # Gluon: imported only where it can run
-    if plan.chunk_size % mla_sm90.BLOCK_N.value != 0 or not mla_sm90.supports(q, kv_cache):
-        return "triton"
-    return "gluon"
+def gluon_preferred(plan) -> bool:
+    """Whether the Gluon kernel measured faster for this plan (the comment above)."""
+    return (GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
+            and plan.total_keys >= GLUON_MIN_KEYS)
 
 
 def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
-                        softmax_scale: float, arch: Arch) -> list[KernelLaunch]:
+                        softmax_scale: float, arch: Arch,
+                        kernel: str = "triton") -> list[KernelLaunch]:
     """The launches for checked inputs and a matching plan; running them in order writes
-    `out` and `lse`. No host synchronisation, no allocation: the plan owns the workspace."""
+    `out` and `lse`. No host synchronisation, no allocation: the plan owns the workspace.
+    kernel: the partial kernel, "triton" or "gluon" (api.mla_kernel_for decides)."""
     batch, q_len, num_heads, _ = q.shape
     config = plan.config
-    if partial_kernel_for(q, kv_cache, plan, arch) == "gluon":
+    if kernel == "gluon":
         from . import mla_sm90
         launches = [mla_sm90.mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
                                              softmax_scale)]

@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .cross_compile import KernelLaunch
+from .gluon_common import GL_DTYPES, online_softmax, tma_ready
 
 BLOCK_M = gl.constexpr(64)            # rows per program: one wgmma M per warpgroup
 BLOCK_N = gl.constexpr(64)            # KV tokens per tile
@@ -61,8 +62,6 @@ LOADER_REGS = 24
 PV_REGS = 208     # P V warpgroup; the softmax warpgroup then gets 256 (256 + 208 + 24 <= 3 x 168)
                   # (at 240 the softmax warpgroup got 240 and spilled 72 bytes)
 LOG2_E = 1.4426950408889634
-
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,16 +170,7 @@ def _softmax_tile(s, m_i, l_i, qk_scale, tile_start, kv_end, key_limit,
         cols = gl.expand_dims(tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
         visible = (cols < kv_end) & (cols < gl.expand_dims(key_limit, 1))
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    if MASKED:
-        # A row with no visible key yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_safe = m_new
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_new
+    return online_softmax(s, m_i, l_i, qk_scale, MASKED)
 
 
 @gluon.jit
@@ -399,23 +389,18 @@ def mla_sm90_partial_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------
 
-def _tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
-    size = x.element_size()
-    return x.data_ptr() % 16 == 0 and all(x.stride(d) * size % 16 == 0 for d in dims)
-
-
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether mla_sm90_launch handles these (already validated) inputs: 16-bit cache in q's
     dtype, H·q_len >= 64 rows, page_size a multiple of 64, q's (token, head) dims mergeable
     into one row dim, TMA-aligned strides."""
     batch, q_len, num_heads, _ = q.shape
-    if q.dtype not in _GL_DTYPES or kv_cache.dtype != q.dtype:
+    if q.dtype not in (torch.float16, torch.bfloat16) or kv_cache.dtype != q.dtype:
         return False
     if q_len * num_heads < BLOCK_M.value or kv_cache.shape[1] % BLOCK_N.value != 0:
         return False
     if q_len > 1 and q.stride(1) != num_heads * q.stride(2):
         return False
-    return _tma_ready(q, (0, 2)) and _tma_ready(kv_cache, (0, 1))
+    return tma_ready(q, (0, 2)) and tma_ready(kv_cache, (0, 1))
 
 
 def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
@@ -424,7 +409,7 @@ def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
     as mla_decode.mla_decode_partial_kernel (the combine launch is unchanged)."""
     batch, q_len, num_heads, _ = q.shape
     num_rows = q_len * num_heads
-    dtype = _GL_DTYPES[q.dtype]
+    dtype = GL_DTYPES[q.dtype]
     layout = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N.value, BOX.value], dtype)
     # q as [batch, rows, 576]: TMA zero-fills rows past H·q_len.
     q_desc = TensorDescriptor(q, [batch, num_rows, q.shape[3]], [q.stride(0), q.stride(2), 1],
