@@ -1,5 +1,5 @@
 """attention() with TILEATTN_KERNEL=sm90 vs portable at the points where the dispatch
-threshold (attention_sm90.MIN_WORK) is decided; eager calls, the host path included.
+threshold (attention_sm90_policy.MIN_WORK) is decided; eager calls, the host path included.
 
     python benchmarks/dispatch_ab.py [OUT_DIR]
 """

@@ -13,7 +13,7 @@ SM90, SM80, SM89, SM100 = (arch_for_capability(c) for c in ((9, 0), (8, 0), (8, 
 
 def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096, heads=32):
     """Uninitialised: the rule reads no values. B=1 H=32 N=4096 D=128 is 4x
-    attention_sm90.MIN_WORK (2x under a causal mask)."""
+    attention_sm90_policy.MIN_WORK (2x under a causal mask)."""
     return tuple(torch.empty(1, seqlen, heads, head_dim, dtype=dtype) for _ in range(3))
 
 

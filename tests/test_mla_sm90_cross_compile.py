@@ -13,8 +13,8 @@ import dataclasses, json, os, re, subprocess, tempfile, torch, triton
 from tileattn import scheduler
 from tileattn.api import mla_kernel_for
 from tileattn.arch import arch_for_capability
-from tileattn.kernels import mla_decode as mla, mla_sm90
-from tileattn.kernels.attention_sm90 import cross_compile_sm90
+from tileattn.kernels import mla_decode as mla, mla_decode_policy, mla_sm90
+from tileattn.kernels.cross_compile import cross_compile_sm90
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SM90 = arch_for_capability((9, 0))
@@ -68,7 +68,7 @@ for choice in ("auto", "triton", "gluon"):
         q, kv, page_table, seq_lens, out, lse, plan = inputs(**kwargs)
         dispatch[f"{choice}-{name}"] = mla_kernel_for(SM90, q, kv, plan)
         if name in ("h128", "dup_qk"):  # the same plan for a batch of 2^18 keys
-            big = dataclasses.replace(plan, total_keys=mla.GLUON_MIN_KEYS)
+            big = dataclasses.replace(plan, total_keys=mla_decode_policy.GLUON_MIN_KEYS)
             dispatch[f"{choice}-{name}-big"] = mla_kernel_for(SM90, q, kv, big)
 print(json.dumps({"rows": rows, "dispatch": dispatch}))
 '''
@@ -95,5 +95,5 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
 
 
 def _gluon_by_default() -> bool:
-    from tileattn.kernels import mla_decode
-    return mla_decode.GLUON_BY_DEFAULT
+    from tileattn.kernels import mla_decode_policy
+    return mla_decode_policy.GLUON_BY_DEFAULT

@@ -9,6 +9,8 @@ from .compile_helpers import run_without_interpreter
 CHILD = r'''
 import dataclasses, json, re, subprocess, tempfile, torch
 from tileattn.kernels import attention_sm90 as sm90
+from tileattn.kernels.attention_sm90_policy import supports
+from tileattn.kernels.cross_compile import cross_compile_sm90
 from tileattn.fp8 import prepare_v
 import triton, os
 
@@ -24,7 +26,7 @@ def compile_case(dtype_name, head_dim, causal, split=None):
     v = torch.empty_like(k)
     if dtype.itemsize == 1:
         v = prepare_v(v)
-    assert sm90.supports(q, k, v, causal)
+    assert supports(q, k, v, causal)
     out = torch.empty(2, 1000, 4, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
@@ -33,7 +35,7 @@ def compile_case(dtype_name, head_dim, causal, split=None):
         config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal,
                                         config=config, num_programs=132)
-    c = sm90.cross_compile_sm90(launch, 90)
+    c = cross_compile_sm90(launch, 90)
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"]); f.flush()

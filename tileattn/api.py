@@ -269,10 +269,10 @@ def kernel_for(arch, q, k, v, causal: bool) -> str:
         raise ValueError(f"TILEATTN_KERNEL must be one of {KERNELS}, got {choice!r}")
     if choice == "portable" or not arch.has_wgmma:
         return "portable"
-    from .kernels import attention_sm90  # Gluon: imported only where it can run
-    if choice == "auto" and not attention_sm90.preferred(q, k, causal):
+    from .kernels import attention_sm90_policy  # Gluon: imported only where it can run
+    if choice == "auto" and not attention_sm90_policy.preferred(q, k, causal):
         return "portable"
-    return "sm90" if attention_sm90.supports(q, k, v, causal) else "portable"
+    return "sm90" if attention_sm90_policy.supports(q, k, v, causal) else "portable"
 
 
 # ---- mla_decode() / mla_plan() ----------------------------------------------------------------
@@ -280,6 +280,7 @@ def kernel_for(arch, q, k, v, causal: bool) -> str:
 from . import scheduler  # noqa: E402  (this section is appended; see the note above it)
 from .arch import num_sms  # noqa: E402
 from .kernels import mla_decode as mla_kernels  # noqa: E402
+from .kernels import mla_decode_policy  # noqa: E402
 
 MLA_NUM_HEADS = (16, 32, 64, 128)
 MLA_MAX_Q_LEN = 4
@@ -327,7 +328,7 @@ def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, sched
         raise ValueError(f"every seq_lens entry must be >= q_len ({q_len}) since the q_len new "
                          f"tokens are in the cache, got seq_lens[{lengths.index(shortest)}] = {shortest}")
     arch = arch_of(device)
-    if kv_dtype == torch.float8_e4m3fn and mla_kernels.fp8_cache_slower(arch, num_heads * q_len):
+    if kv_dtype == torch.float8_e4m3fn and mla_decode_policy.fp8_cache_slower(arch, num_heads * q_len):
         warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_heads * q_len} >= 64 runs "
                       f"slower than a bf16 cache on {arch.name} today (1.8-2.2x the time on "
                       f"H100; see README, MLA decode)", PerformanceWarning, stacklevel=2)
@@ -474,14 +475,14 @@ MLA_KERNELS = ("auto", "triton", "gluon")
 def mla_kernel_for(arch, q, kv_cache, plan) -> str:
     """Which MLA partial kernel runs checked inputs: "gluon" (the warp-specialized wgmma kernel
     in kernels/mla_sm90.py) where the chip is sm90, it supports the inputs and it measured
-    faster (mla_decode.gluon_preferred); "triton" (mla_decode_partial_kernel) otherwise.
+    faster (mla_decode_policy.gluon_preferred); "triton" (mla_decode_partial_kernel) otherwise.
     TILEATTN_MLA_KERNEL=triton|gluon forces one; "gluon" still falls back to Triton where the
     Gluon kernel does not support the inputs (FP8 cache, H·q_len < 64, page_size not a
     multiple of 64, a plan whose chunks are not whole 64-key tiles)."""
     choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
     if choice not in MLA_KERNELS:
         raise ValueError(f"TILEATTN_MLA_KERNEL must be one of {MLA_KERNELS}, got {choice!r}")
-    if choice == "triton" or (choice == "auto" and not mla_kernels.gluon_preferred(plan)):
+    if choice == "triton" or (choice == "auto" and not mla_decode_policy.gluon_preferred(plan)):
         return "triton"
     if arch.name != "sm90" or interpreter_active():
         return "triton"

@@ -9,7 +9,7 @@ import torch
 import tileattn
 from tileattn.arch import FP8_DTYPES
 from tileattn.fp8 import prepare_v
-from tileattn.kernels import attention_sm90 as sm90
+from tileattn.kernels import attention_sm90 as sm90, attention_sm90_policy
 from tileattn.reference import attention_reference
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
@@ -31,7 +31,7 @@ def run_sm90(q, k, v, causal, descales, split=None):
     """out, lse from the sm90 kernel, or None where supports() declines the inputs."""
     if q.dtype in FP8_DTYPES:
         v = prepare_v(v)
-    if not sm90.supports(q, k, v, causal):
+    if not attention_sm90_policy.supports(q, k, v, causal):
         return None
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.empty(batch, seqlen_q, num_q_heads, v.shape[3], device=q.device,
@@ -114,9 +114,8 @@ def test_attention_dispatches_here(case, monkeypatch):
     from tileattn import api
     from tileattn.api import kernel_for
     from tileattn.arch import arch_of
-    from tileattn.kernels import attention_sm90
     monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
-    monkeypatch.setattr(attention_sm90, "MIN_WORK", 0)
+    monkeypatch.setattr(attention_sm90_policy, "MIN_WORK", 0)
     api._CALLS.clear()  # a cached call of the same signature would keep its earlier choice
     causal = case.endswith("-causal")
     if case == "fused-qkv":
@@ -138,7 +137,7 @@ def test_repeat_calls_replay_here(causal, monkeypatch):
     Triton binder): each call must still read its own tensors and scale."""
     from tileattn import api
     monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
-    monkeypatch.setattr(sm90, "MIN_WORK", 0)
+    monkeypatch.setattr(attention_sm90_policy, "MIN_WORK", 0)
     api._CALLS.clear()
     for seed, scale in ((0, None), (1, None), (2, 0.05), (3, 0.1)):
         gen = torch.Generator(device="cuda").manual_seed(100 + seed)

@@ -32,6 +32,10 @@ Tensor layouts (element strides; every tensor may come from a larger fused buffe
     tile_starts int32 [programs + 1]    program p runs tile_ids[tile_starts[p]:tile_starts[p + 1]]
 TMA sees q, k, v as 4-D [batch, heads, seqlen, head_dim] views (K-major V as [batch, heads,
 head_dim, seqlen]), so every stride but the contiguous one must be a multiple of 16 bytes.
+
+This file holds the kernel, its config table and its launcher. Which inputs it takes and where
+attention() prefers it over the portable kernel (supports(), preferred(), MIN_WORK) live in
+attention_sm90_policy.py; compiling it without a GPU (cross_compile_sm90) in cross_compile.py.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..arch import FP8_DTYPES, num_sms
 from ..scheduler import heads_per_group, prefill_work_lists
 from .cross_compile import KernelLaunch
-from .gluon_common import GL_DTYPES, online_softmax, tma_ready
+from .gluon_common import GL_DTYPES, online_softmax
 
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
 CONSUMER_REGS = gl.constexpr(240)  # a split (ping-pong) consumer warpgroup: 2 x 128 x 240 + 128 x 24 <= 64K
@@ -81,40 +85,6 @@ CONFIGS: dict[tuple[int, bool], Sm90Config] = {
     (128, True): Sm90Config(128, 3),
     (256, True): Sm90Config(64, 3),   # BLOCK_N=128 spills (288 B of stack at 240 registers)
 }
-
-
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
-    """Whether attention_sm90_launch handles these (already validated) inputs."""
-    head_dim = q.shape[3]
-    if q.dtype not in GL_DTYPES or v.shape[3] != head_dim or (head_dim, False) not in CONFIGS:
-        return False  # Dv != D (e.g. 192/128) and 96/192 run on the portable kernel
-    v_k_major = v.stride(1) == 1 and v.stride(3) != 1
-    if (q.dtype in FP8_DTYPES) != v_k_major:
-        return False  # 16-bit K-major V compiles but has not run on a GPU yet
-    if not (tma_ready(q, (0, 1, 2)) and tma_ready(k, (0, 1, 2))):
-        return False
-    return tma_ready(v, (0, 2, 3) if v_k_major else (0, 1, 2))
-
-
-# Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which
-# attention() takes this kernel. H100, B=4 H=32, eager attention() calls with the call cache
-# (results/2026-11-22-h100-session5/dispatch-ab.json, TFLOP/s Hopper vs portable): at 2^34,
-# D=128 N=1024 490 vs 419, D=128 N=2048 causal 479 vs 389, D=256 N=1024 causal 379 vs 307; at
-# 2^33 (D=128 N=1024 causal) 188 vs 303: the kernel lasts ~0.07 ms, less than its host launch.
-# (Before the call cache took this kernel, D=128 N=1024 measured 216: Triton's binder.)
-MIN_WORK = 1 << 34
-
-
-def preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """Where this kernel measured faster than the portable one on H100 (benchmarks/NOTES.md,
-    "Where the sm90 kernel should run", session 5): 16-bit at D 128 or 256, causal or not
-    (causal since its tiles are scheduled in L2-sized head groups: D=128 N=16k 600 vs 483
-    TFLOP/s), from MIN_WORK up. It loses at D=64 (334 vs 348 at N=1024) and for FP8 (D=128
-    N=16k 664 vs 776: the portable kernel's FP8 is faster)."""
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
-    return (q.dtype in (torch.float16, torch.bfloat16) and head_dim in (128, 256)
-            and work >= MIN_WORK)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,7 +470,8 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
 def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                           softmax_scale: float, causal: bool, *, config: Sm90Config | None = None,
                           num_programs: int | None = None) -> KernelLaunch:
-    """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
+    """The kernel launch for inputs that attention_sm90_policy.supports() accepted; `.run()`
+    writes out (and lse)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     is_fp8 = q.dtype in FP8_DTYPES
@@ -554,35 +525,3 @@ def bind_attention(causal: bool):
         attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                               softmax_scale, causal).run()
     return run
-
-
-def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):
-    """Compile a launch of this Gluon kernel without a GPU; returns triton's CompiledKernel
-    (.asm["ptx"], .asm["cubin"], .metadata.shared). Needs TRITON_INTERPRET unset.
-
-    Argument types come from Triton's own specializer, so tensor descriptors and divisibility
-    hints are exactly what a launch on the device would compile.
-    """
-    import triton
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    target = GPUTarget("cuda", capability, 32)
-    backend = CUDABackend(target)
-    signature, constexprs, attrs = {}, {}, {}
-    for index, name in enumerate(launch.kernel.arg_names):
-        value = launch.constexprs[name] if name in launch.constexprs else launch.args[name]
-        if name in launch.constexprs or value is None:
-            signature[name] = "constexpr"
-            constexprs[(index,)] = value
-            continue
-        kind, attr = native_specialize_impl(CUDABackend, value, False, True, True)
-        signature[name] = kind
-        if kind == "constexpr":
-            constexprs[(index,)] = value
-        if isinstance(attr, str):
-            attrs[(index,)] = backend.parse_attr(attr)
-    source = GluonASTSource(launch.kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=target, options={"num_warps": launch.num_warps})

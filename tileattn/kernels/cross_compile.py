@@ -5,7 +5,9 @@ tensors; this module turns it into the signature, constants and divisibility hin
 Triton's JIT would derive at run time (pointers 16-byte aligned, integer arguments equal to 1
 folded to constants, multiples of 16 marked divisible) and compiles it for `sm{capability}`.
 The result gives the shared memory the kernel needs and its PTX, so CI can prove a config fits
-a chip and uses the instructions we meant.
+a chip and uses the instructions we meant. cross_compile() takes Triton kernels;
+cross_compile_sm90() takes the Gluon (sm90) kernels, typing their arguments with Triton's own
+specializer.
 
 Must run in a process where TRITON_INTERPRET is unset: interpreted kernels cannot be compiled.
 """
@@ -203,3 +205,34 @@ def cross_compile(launch: KernelLaunch, capability: int) -> CompiledKernel:
         num_regs=getattr(compiled, "n_regs", None),
         ptx=compiled.asm["ptx"],
     )
+
+
+def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):
+    """Compile a launch of a Gluon kernel (attention_sm90.py, mla_sm90.py) without a GPU;
+    returns triton's CompiledKernel (.asm["ptx"], .asm["cubin"], .metadata.shared). Needs
+    TRITON_INTERPRET unset.
+
+    Argument types come from Triton's own specializer, so tensor descriptors and divisibility
+    hints are exactly what a launch on the device would compile.
+    """
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    target = GPUTarget("cuda", capability, 32)
+    backend = CUDABackend(target)
+    signature, constexprs, attrs = {}, {}, {}
+    for index, name in enumerate(launch.kernel.arg_names):
+        value = launch.constexprs[name] if name in launch.constexprs else launch.args[name]
+        if name in launch.constexprs or value is None:
+            signature[name] = "constexpr"
+            constexprs[(index,)] = value
+            continue
+        kind, attr = native_specialize_impl(CUDABackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constexprs[(index,)] = value
+        if isinstance(attr, str):
+            attrs[(index,)] = backend.parse_attr(attr)
+    source = GluonASTSource(launch.kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=target, options={"num_warps": launch.num_warps})

@@ -12,7 +12,10 @@ Two kernels:
     A work item is a contiguous chunk of one sequence's keys from the split-KV plan
     (tileattn.scheduler). A sequence with one chunk writes the final output and LSE directly;
     otherwise the chunk's normalised output and LSE go to an fp32 workspace slot.
-  * mla_decode_combine_kernel — merges a sequence's slots by their LSEs.
+  * mla_decode_combine_kernel (mla_decode_combine.py) — merges a sequence's slots by their LSEs.
+This file holds the partial kernel, its config table and mla_decode_launches (both kernels'
+launches, the partial one from this kernel or from the Gluon one in mla_sm90.py). Which partial
+kernel runs where, and where an FP8 cache measured slower, is in mla_decode_policy.py.
 
 Pointer layouts (element strides):
     q             [batch, q_len, num_heads, 576]    last dim contiguous; row r of a program's
@@ -26,7 +29,6 @@ Pointer layouts (element strides):
     lse           float32 [batch, q_len, num_heads] contiguous, natural log
     partial_out   float32 [num_slots, num_rows, 512] contiguous (num_rows = q_len · num_heads)
     partial_lse   float32 [num_slots, num_rows]     contiguous, natural log
-    batch_slots   int32 [batch + 1]                 sequence b owns slots [batch_slots[b], batch_slots[b+1])
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import triton.language as tl
 from ..arch import Arch
 from . import interpreter_active
 from .cross_compile import KernelLaunch
+from .mla_decode_combine import combine_launches
 from .softmax import online_softmax_probs
 
 HEAD_DIM_NOPE = 512   # latent width; also V's width
@@ -373,49 +376,6 @@ def mla_decode_partial_kernel(
             tl.store(partial_lse_ptr + slot_rows, lse, mask=row_valid)
 
 
-@triton.jit
-def mla_decode_combine_kernel(
-    partial_out_ptr, partial_lse_ptr, batch_slots_ptr, out_ptr, lse_ptr,
-    stride_ob, stride_os, stride_oh,
-    num_heads, num_rows,
-    BLOCK_R: tl.constexpr,
-):
-    batch = tl.program_id(0)
-    slot_start = tl.load(batch_slots_ptr + batch)
-    slot_end = tl.load(batch_slots_ptr + batch + 1)
-    # Sequences with a single work item were written by the partial kernel already.
-    if slot_end > slot_start:
-        offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-        row_valid = offs_r < num_rows
-        offs_d = tl.arange(0, 512)
-        m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_R, 512], dtype=tl.float32)
-        for slot in range(slot_start, slot_end):
-            # slot · num_rows fits int32; the ×512 below needs int64.
-            slot_rows = offs_r.to(tl.int64) + slot * num_rows
-            lse_s = tl.load(partial_lse_ptr + slot_rows, mask=row_valid, other=float("-inf"))
-            out_s = tl.load(partial_out_ptr + slot_rows[:, None] * 512 + offs_d[None, :],
-                            mask=row_valid[:, None], other=0.0)
-            m_new = tl.maximum(m_i, lse_s)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            weight = tl.exp(lse_s - m_safe)
-            acc = acc * alpha[:, None] + out_s * weight[:, None]
-            l_i = l_i * alpha + weight
-            m_i = m_new
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        token = offs_r // num_heads
-        head = offs_r % num_heads
-        out_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + token.to(tl.int64)[:, None] * stride_os
-                    + head.to(tl.int64)[:, None] * stride_oh + offs_d[None, :])
-        tl.store(out_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=row_valid[:, None])
-        tl.store(lse_ptr + batch.to(tl.int64) * num_rows + offs_r, m_i + tl.log(l_safe),
-                 mask=row_valid)
-
-
-COMBINE_ROWS = 16
 # Work items run on grid axis 1 (the programs of one item are adjacent on axis 0), and CUDA
 # caps that axis at 65535 blocks; api.mla_plan refuses plans with more.
 MAX_WORK_ITEMS = 65535
@@ -437,33 +397,6 @@ def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> st
     return "direct"
 
 
-# Where the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py) runs by default (api.mla_kernel_for).
-# H100, batch 768 seq 2048 bf16 (results/2026-11-22-h100-session5/mla-gluon-sweep.json), Triton vs
-# Gluon: H64 1.053 vs 0.683 ms (0.60 -> 0.93 of the copy rate), H128 222 vs 399 TFLOP/s; batch
-# 128 seq 8192 H128 222 vs 406. The Gluon kernel is the split_dv schedule (one S, P shared), so
-# `auto` takes it for split_dv plans only; dup_qk plans stay on Triton. And only from
-# GLUON_MIN_KEYS keys in the batch, where it won at every grid point (batch 128 seq 2048 H64
-# 0.128 vs 0.189 ms, H128 0.197 vs 0.343; batch 32 seq 8192 H64 0.135 vs 0.198 in the final
-# run). Below, launches are host-bound and noisy (the same Triton launch at batch 32 seq 1024
-# H32 measured 0.055 and 0.108 ms in two runs; one run had Gluon at 0.34 vs 0.19 ms at batch
-# 128 seq 1024 H128), and Gluon was not shown to win: results/2026-11-23-h100-mla-session5b/c.
-GLUON_BY_DEFAULT = True
-GLUON_MIN_KEYS = 1 << 18
-
-
-def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
-    """Where an FP8 cache measured slower than a 16-bit one (H100, session 5 grid): sm90 with
-    H·q_len >= 64, which the 16-bit cache runs on the Gluon kernel and FP8 on the Triton one
-    (1.8-2.2x the bf16 time). mla_plan warns there rather than leave a silent cliff."""
-    return arch.name == "sm90" and num_rows >= 64
-
-
-def gluon_preferred(plan) -> bool:
-    """Whether the Gluon kernel measured faster for this plan (the comment above)."""
-    return (GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
-            and plan.total_keys >= GLUON_MIN_KEYS)
-
-
 def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
                         softmax_scale: float, arch: Arch,
                         kernel: str = "triton") -> list[KernelLaunch]:
@@ -476,7 +409,7 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
         from . import mla_sm90
         launches = [mla_sm90.mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
                                              softmax_scale)]
-        return launches + _combine_launches(q, out, lse, plan)
+        return launches + combine_launches(q, out, lse, plan)
     kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
     if kv_widen == "bytes":
         kv_cache = kv_cache.view(torch.uint8)
@@ -509,21 +442,4 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     grid = (-(-num_rows // block_m) * config.dv_chunks, plan.num_work)
     launches = [KernelLaunch(mla_decode_partial_kernel, grid, args, constexprs,
                              config.num_warps, config.num_stages)]
-    return launches + _combine_launches(q, out, lse, plan)
-
-
-def _combine_launches(q, out, lse, plan) -> list[KernelLaunch]:
-    """The combine launch where some sequence has several work items (none otherwise)."""
-    batch, q_len, num_heads, _ = q.shape
-    num_rows = q_len * num_heads
-    launches = []
-    if plan.num_slots > 0:
-        combine_args = dict(
-            partial_out_ptr=plan.partial_out, partial_lse_ptr=plan.partial_lse,
-            batch_slots_ptr=plan.batch_slots, out_ptr=out, lse_ptr=lse,
-            stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-            num_heads=num_heads, num_rows=num_rows)
-        launches.append(KernelLaunch(mla_decode_combine_kernel,
-                                     (batch, -(-num_rows // COMBINE_ROWS)), combine_args,
-                                     dict(BLOCK_R=COMBINE_ROWS), 4, 1))
-    return launches
+    return launches + combine_launches(q, out, lse, plan)

@@ -1,0 +1,36 @@
+"""Which MLA decode kernel runs where, by measurement: gluon_preferred() says where the Gluon sm90
+partial kernel (mla_sm90.py) beat the Triton one (mla_decode.py, which also holds the config
+table and the launches; the combine kernel is in mla_decode_combine.py), and fp8_cache_slower()
+where an FP8 cache ran slower than a 16-bit one. api.mla_kernel_for and api.mla_plan read them.
+"""
+
+from __future__ import annotations
+
+from ..arch import Arch
+
+
+# Where the Gluon sm90 kernel (tileattn/kernels/mla_sm90.py) runs by default (api.mla_kernel_for).
+# H100, batch 768 seq 2048 bf16 (results/2026-11-22-h100-session5/mla-gluon-sweep.json), Triton vs
+# Gluon: H64 1.053 vs 0.683 ms (0.60 -> 0.93 of the copy rate), H128 222 vs 399 TFLOP/s; batch
+# 128 seq 8192 H128 222 vs 406. The Gluon kernel is the split_dv schedule (one S, P shared), so
+# `auto` takes it for split_dv plans only; dup_qk plans stay on Triton. And only from
+# GLUON_MIN_KEYS keys in the batch, where it won at every grid point (batch 128 seq 2048 H64
+# 0.128 vs 0.189 ms, H128 0.197 vs 0.343; batch 32 seq 8192 H64 0.135 vs 0.198 in the final
+# run). Below, launches are host-bound and noisy (the same Triton launch at batch 32 seq 1024
+# H32 measured 0.055 and 0.108 ms in two runs; one run had Gluon at 0.34 vs 0.19 ms at batch
+# 128 seq 1024 H128), and Gluon was not shown to win: results/2026-11-23-h100-mla-session5b/c.
+GLUON_BY_DEFAULT = True
+GLUON_MIN_KEYS = 1 << 18
+
+
+def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
+    """Where an FP8 cache measured slower than a 16-bit one (H100, session 5 grid): sm90 with
+    H·q_len >= 64, which the 16-bit cache runs on the Gluon kernel and FP8 on the Triton one
+    (1.8-2.2x the bf16 time). mla_plan warns there rather than leave a silent cliff."""
+    return arch.name == "sm90" and num_rows >= 64
+
+
+def gluon_preferred(plan) -> bool:
+    """Whether the Gluon kernel measured faster for this plan (the comment above)."""
+    return (GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
+            and plan.total_keys >= GLUON_MIN_KEYS)
