@@ -46,6 +46,7 @@ def compile_case(num_heads, q_len, dtype):
         sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
             "tma": ptx.count("cp.async.bulk.tensor"),
+            "l2_prefetch": ptx.count("cp.async.bulk.prefetch.L2"),
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "local": len(re.findall(r"ld\.local|st\.local", ptx)) + len(re.findall(r"\b(LDL|STL)\b", sass)),
             "hgmma": sass.count("HGMMA"),
@@ -81,6 +82,8 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
         assert row["wgmma"] > 0 and row["hgmma"] > 0 and row["tma"] > 0, (name, row)
         assert row["stack"] == 0 and row["local"] == 0, (name, row)   # no register spills
         assert "256" in row["setmaxnreg"], (name, row)                 # softmax warpgroup
+        # L2 prefetch only where a work item has 2+ row blocks (it slowed 64-row items).
+        assert (row["l2_prefetch"] > 0) == name.startswith(("h128", "h64-q2")), (name, row)
     dispatch = result["dispatch"]
     # auto: Gluon for split_dv plans of at least GLUON_MIN_KEYS keys (small batches lost).
     assert dispatch["auto-h128"] == "triton"

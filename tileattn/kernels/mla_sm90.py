@@ -14,7 +14,13 @@ One program per (row block of 64, work item), grid (row_blocks, num_work). Three
     boxes of [64 tokens, 64 cols] (128-byte swizzle, TMA boxes are at most 256 wide), read
     from the cache seen as 3-D [num_pages, page_size, 576] at (page, token % page_size,
     64 c), so page_size must be a multiple of 64 (a tile then lies in one page). NUM_STAGES
-    KV buffers, each guarded by a ready / empty mbarrier pair.
+    KV buffers, each with one "ready" mbarrier per box (Q K^T starts on box 0 while the
+    rest land) and one "empty" mbarrier. With two or more row blocks per work item, row
+    block 0's loader also issues one bulk L2 prefetch (cp.async.bulk.prefetch.L2, 72 KB) of
+    the tile PREFETCH_TILES ahead, so the TMA loads of every row block find it in L2.
+    Evidence (ncu, H128 batch 768 seq 2048, results/2026-11-23-h100-session6/): the softmax
+    warpgroup spent ~40% of its cycles waiting on a tile's ready barrier, L2 hit rate 34%;
+    per-box barriers took H128 from 406 to 441 TFLOP/s, the prefetch to 470.
   * softmax warpgroup (the default partition, 4 warps, 256 registers): S_j = Q K_j^T over
     the 9 boxes (one copy of S: no duplicated QK^T), online softmax, and its half of the
     output, O[:, :256] ([64, 256] fp32, 128 registers a thread) += P_j V_j[:, :256] with P in
@@ -41,6 +47,8 @@ and are never stored.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -55,9 +63,11 @@ BLOCK_M = gl.constexpr(64)            # rows per program: one wgmma M per warpgr
 BLOCK_N = gl.constexpr(64)            # KV tokens per tile
 BOX = gl.constexpr(64)                # TMA box width (columns); 576 = 9 boxes, V = boxes 0-7
 NUM_BOXES = gl.constexpr(9)
+NUM_COLS = gl.constexpr(576)
 V_BOXES = gl.constexpr(8)
 V_BOXES_PER_WG = gl.constexpr(4)      # each consumer warpgroup owns 256 of V's 512 columns
 NUM_STAGES = 2
+PREFETCH_TILES = 1    # L2 prefetch distance in tiles (1 beat 2 at H128: mla-sm90-ab-boxes.json)
 LOADER_REGS = 24
 PV_REGS = 208     # P V warpgroup; the softmax warpgroup then gets 256 (256 + 208 + 24 <= 3 x 168)
                   # (at 240 the softmax warpgroup got 240 and spilled 72 bytes)
@@ -79,9 +89,24 @@ def _work_item(work_ptr):
 
 
 @gluon.jit
+def _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row, token, PAGE_SIZE: gl.constexpr):
+    """One bulk L2 prefetch of the 64 x 576 tile at `token` (contiguous: whole rows of one
+    page), issued by one elected lane. The TMA load of that tile, NUM_STAGES tiles later, then
+    reads L2 instead of waiting on HBM."""
+    page = gl.load(page_row + token // PAGE_SIZE)
+    tile = kv_ptr + page.to(gl.int64) * stride_kv_page + (token % PAGE_SIZE) * NUM_COLS
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; elect.sync _|p, 0xffffffff; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
+        "=r,l", [tile], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
                       q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
-                      PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr):
+                      kv_ptr, stride_kv_page,
+                      PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      PREFETCH_TILES: gl.constexpr):
     batch, kv_start, kv_end, slot = _work_item(work_ptr)
     row_block = gl.program_id(0)
     mbarrier.expect(q_ready, NUM_BOXES * q_desc.block_type.nbytes)
@@ -90,20 +115,33 @@ def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_
                                         q_smem.index(c))
     page_row = page_table_ptr + batch.to(gl.int64) * stride_page_table_b
     num_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+    # Row blocks of one work item read the same tiles: block 0 alone pulls them into L2.
+    prefetch = (PREFETCH_TILES > 0) & (row_block == 0)
+    if prefetch:
+        for j in range(gl.minimum(PREFETCH_TILES, num_tiles)):
+            _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row, kv_start + j * BLOCK_N,
+                                 PAGE_SIZE)
     for j in range(num_tiles):
         token = kv_start + j * BLOCK_N
         page = gl.load(page_row + token // PAGE_SIZE)
+        if prefetch:
+            if j + PREFETCH_TILES < num_tiles:
+                _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row,
+                                     token + PREFETCH_TILES * BLOCK_N, PAGE_SIZE)
         stage = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
         # Barriers start in phase 0; waiting for parity 1 passes at once (first fill).
         mbarrier.wait(kv_empty.index(stage), phase ^ 1)
-        mbarrier.expect(kv_ready.index(stage), NUM_BOXES * kv_desc.block_type.nbytes)
-        for c in gl.static_range(V_BOXES):
-            tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
-                                            kv_ready.index(stage),
-                                            kv_smem.index(stage * V_BOXES + c))
-        tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, V_BOXES * BOX],
-                                        kv_ready.index(stage), rope_smem.index(stage))
+        for c in gl.static_range(NUM_BOXES):
+            # One barrier per box, so Q K^T starts on the first box while the rest land.
+            ready = kv_ready.index(stage * NUM_BOXES + c)
+            mbarrier.expect(ready, kv_desc.block_type.nbytes)
+            if c < V_BOXES:
+                tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
+                                                ready, kv_smem.index(stage * V_BOXES + c))
+            else:
+                tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
+                                                ready, rope_smem.index(stage))
 
 
 @gluon.jit
@@ -113,13 +151,23 @@ def _box(smem, i):
 
 
 @gluon.jit
-def _issue_qk(q_smem, kv_smem, rope_smem, stage, s_zero):
-    """S = Q K^T for the tile in `stage`: 9 chained wgmmas, K = 64 each."""
+def _wait_tile(kv_ready, stage, phase):
+    for c in gl.static_range(NUM_BOXES):
+        mbarrier.wait(kv_ready.index(stage * NUM_BOXES + c), phase)
+
+
+@gluon.jit
+def _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, stage, phase, s_zero):
+    """S = Q K^T for the tile in `stage`: 9 chained wgmmas, K = 64 each, each issued as soon
+    as its box has landed."""
+    mbarrier.wait(kv_ready.index(stage * NUM_BOXES), phase)
     s = warpgroup_mma(_box(q_smem, 0), _box(kv_smem, stage * V_BOXES).permute((1, 0)), s_zero,
                       use_acc=False, is_async=True)
     for c in gl.static_range(1, V_BOXES):
+        mbarrier.wait(kv_ready.index(stage * NUM_BOXES + c), phase)
         s = warpgroup_mma(_box(q_smem, c), _box(kv_smem, stage * V_BOXES + c).permute((1, 0)), s,
                           is_async=True)
+    mbarrier.wait(kv_ready.index(stage * NUM_BOXES + V_BOXES), phase)
     s = warpgroup_mma(_box(q_smem, V_BOXES), _box(rope_smem, stage).permute((1, 0)), s,
                       is_async=True)
     return s
@@ -196,11 +244,11 @@ def _softmax_loop(o, p, m_i, l_i, prev_stage, q_smem, kv_smem, rope_smem, p_smem
         stage = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
         tile_start = kv_start + j * BLOCK_N
-        mbarrier.wait(kv_ready.index(stage), phase)
         if MASKED:
             if tile_start + BLOCK_N > kv_end:
+                _wait_tile(kv_ready, stage, phase)
                 _zero_tail_rows(kv_smem, rope_smem, stage, kv_end - tile_start)
-        s = _issue_qk(q_smem, kv_smem, rope_smem, stage, s_zero)
+        s = _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, stage, phase, s_zero)
         o = _issue_pv(p, kv_smem, prev_stage, o, 0)
         # wgmma groups retire in order: 1 left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
@@ -268,10 +316,11 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
     mbarrier.wait(q_ready, 0)
 
     # Tile 0 is peeled (no previous P V to overlap) and always masked (once per item).
-    mbarrier.wait(kv_ready.index(0), 0)
     if kv_start + BLOCK_N > kv_end:
+        _wait_tile(kv_ready, 0, 0)
         _zero_tail_rows(kv_smem, rope_smem, 0, kv_end - kv_start)
-    s = _issue_qk(q_smem, kv_smem, rope_smem, 0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout))
+    s = _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, 0, 0,
+                  gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout))
     s = warpgroup_mma_wait(0, deps=(s,))
     p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, kv_start, kv_end, key_limit,
                                            s_layout, True)
@@ -322,7 +371,8 @@ def _pv_partition(work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stri
     o = gl.zeros([BLOCK_M, V_BOXES_PER_WG * BOX], gl.float32, layout=o_layout)
     for j in range(num_tiles):
         stage = j % NUM_STAGES
-        mbarrier.wait(kv_ready.index(stage), (j // NUM_STAGES) & 1)
+        for c in gl.static_range(V_BOXES_PER_WG, V_BOXES):
+            mbarrier.wait(kv_ready.index(stage * NUM_BOXES + c), (j // NUM_STAGES) & 1)
         mbarrier.wait(p_ready, j & 1)
         o = o * gl.expand_dims(alpha_smem.load(row_layout), 1)
         o = _issue_pv(p_smem, kv_smem, stage, o, V_BOXES_PER_WG)
@@ -342,9 +392,9 @@ def mla_sm90_partial_kernel(
     work_ptr, seq_lens_ptr, page_table_ptr, q_desc, kv_desc,
     out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
     stride_page_table_b, stride_ob, stride_os, stride_oh,
-    num_heads, q_len, num_rows, softmax_scale_log2,
+    num_heads, q_len, num_rows, softmax_scale_log2, kv_ptr, stride_kv_page,
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
-    PV_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+    PV_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PREFETCH_TILES: gl.constexpr,
 ):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape, q_desc.layout)
@@ -361,13 +411,15 @@ def mla_sm90_partial_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES * NUM_BOXES, 1],
+                                         mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_empty, count=1)
     for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(kv_ready.index(i), count=1)
+        for c in gl.static_range(NUM_BOXES):
+            mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=1)
         mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
 
     gl.warp_specialize([
@@ -380,8 +432,8 @@ def mla_sm90_partial_kernel(
                          num_heads, num_rows, kv_smem, p_smem, alpha_smem,
                          kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
         (_loader_partition, (work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
-                             q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty, PAGE_SIZE,
-                             NUM_STAGES)),
+                             q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
+                             kv_ptr, stride_kv_page, PAGE_SIZE, NUM_STAGES, PREFETCH_TILES)),
     ], [4, 1], [PV_REGS, LOADER_REGS])
 
 
@@ -401,6 +453,18 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     if q_len > 1 and q.stride(1) != num_heads * q.stride(2):
         return False
     return tma_ready(q, (0, 2)) and tma_ready(kv_cache, (0, 1))
+
+
+def prefetch_tiles(num_rows: int, kv_cache: torch.Tensor) -> int:
+    """L2 prefetch distance for this launch: PREFETCH_TILES where a work item has two or more
+    row blocks (only block 0 prefetches; the others then find the tile in L2), 0 for a single
+    row block, where it measured slower (H100, results/2026-11-23-h100-session6/mla-sm90-ab-
+    boxes.json: H64 0.89 -> 0.75 of the copy rate at batch 768, seq 2048), and 0 where a page's
+    rows are not contiguous (the bulk prefetch reads whole rows).
+    TILEATTN_MLA_PREFETCH=n overrides it (tuning runs, benchmarks/mla_sm90_ab.py)."""
+    contiguous = kv_cache.stride(1) == kv_cache.shape[2]
+    default = PREFETCH_TILES if num_rows > BLOCK_M.value and contiguous else 0
+    return int(os.environ.get("TILEATTN_MLA_PREFETCH", default)) if contiguous else 0
 
 
 def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
@@ -423,10 +487,12 @@ def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
         stride_page_table_b=page_table.stride(0),
         stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
         num_heads=num_heads, q_len=q_len, num_rows=num_rows,
-        softmax_scale_log2=softmax_scale * LOG2_E,
+        softmax_scale_log2=softmax_scale * LOG2_E, kv_ptr=kv_cache,
+        stride_kv_page=kv_cache.stride(0),
     )
+    prefetch = prefetch_tiles(num_rows, kv_cache)
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
-                      PV_REGS=PV_REGS, LOADER_REGS=LOADER_REGS)
+                      PV_REGS=PV_REGS, LOADER_REGS=LOADER_REGS, PREFETCH_TILES=prefetch)
     grid = (-(-num_rows // BLOCK_M.value), plan.num_work)
     # KernelLaunch's fast path keys the TMA descriptors by dtype, block shape and layout.
     return KernelLaunch(mla_sm90_partial_kernel, grid, args, constexprs, 4, 1)

@@ -1,0 +1,74 @@
+"""A/B of MLA kernel variants on the same inputs and plan. A variant is a set of environment
+variables read at launch time (TILEATTN_MLA_KERNEL=triton|gluon, TILEATTN_MLA_PREFETCH=n),
+given as JSON in $MLA_AB_VARIANTS ({"name": {"VAR": "value"}}; set every variable in every
+variant, since they persist; "" unsets one). Outputs are compared with the first variant's, times taken
+with do_bench (median), JSON written under $OUT.
+Usage: python benchmarks/mla_sm90_ab.py [batch:seq:heads[:q_len] ...]"""
+
+import json
+import math
+import os
+import sys
+
+import torch
+import triton
+
+import tileattn
+from tileattn.bench.common import copy_gbps, device_facts, spin_up
+from tileattn.bench.mla import _make_cache
+
+SHAPES = ["768:2048:128", "768:2048:64", "128:8192:128", "768:1024:64", "32:8192:64",
+          "768:2048:32:2", "768:1024:128"]
+VARIANTS = json.loads(os.environ.get("MLA_AB_VARIANTS", json.dumps({
+    "gluon": {"TILEATTN_MLA_KERNEL": "gluon", "TILEATTN_MLA_PREFETCH": ""},
+    "gluon-no-prefetch": {"TILEATTN_MLA_KERNEL": "gluon", "TILEATTN_MLA_PREFETCH": "0"},
+    "triton": {"TILEATTN_MLA_KERNEL": "triton", "TILEATTN_MLA_PREFETCH": "0"}})))
+
+
+def main(shapes):
+    device = torch.device("cuda")
+    facts = device_facts(device)
+    copy = copy_gbps(device)
+    spin_up()
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for shape in shapes:
+        batch, seq_len, heads, *rest = (int(x) for x in shape.split(":"))
+        q_len = rest[0] if rest else 1
+        kv, page_table, _ = _make_cache(batch, seq_len, 64, "bf16", device, gen)
+        q = torch.randn(batch, q_len, heads, 576, device=device, generator=gen, dtype=torch.bfloat16)
+        seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
+        plan = tileattn.mla_plan(seq_lens, num_heads=heads, q_len=q_len, page_size=64,
+                                 kv_dtype=kv.dtype, device=device)
+        call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=1 / math.sqrt(192),
+                                           plan=plan)
+        outs, row = {}, dict(batch=batch, seq_len=seq_len, heads=heads, q_len=q_len,
+                             num_work=plan.num_work)
+        for schedule, env in VARIANTS.items():
+            for name, value in env.items():   # "" unsets: the library's default
+                if value:
+                    os.environ[name] = value
+                else:
+                    os.environ.pop(name, None)
+            outs[schedule] = call().float()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+            kv_bytes = batch * seq_len * 576 * 2
+            flops = 2 * heads * q_len * 1088 * batch * seq_len
+            row[schedule] = dict(ms=ms, copy_fraction=kv_bytes / ms / 1e6 / copy, tflops=flops / ms / 1e9)
+        first = next(iter(outs.values()))
+        for schedule, out in outs.items():
+            row[schedule]["rel_diff"] = float((out - first).norm() / first.norm())
+            row[schedule]["finite"] = bool(torch.isfinite(out).all())
+        rows.append(row)
+        print(f"b{batch} s{seq_len} h{heads} q{q_len}: " + "  ".join(
+            f"{name} {r['ms']:.4f} ms {r['tflops']:.0f} TF {r['copy_fraction']:.2f} copy"
+            f"{'' if r['rel_diff'] < 1e-2 and r['finite'] else ' WRONG'}"
+            for name, r in row.items() if isinstance(r, dict)), flush=True)
+    out_dir = os.environ.get("OUT", "/tmp")
+    with open(os.path.join(out_dir, "mla-sm90-ab.json"), "w") as f:
+        json.dump(dict(facts, copy_gbps=copy, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or SHAPES)
