@@ -3,7 +3,7 @@ variables read at launch time (TILEATTN_MLA_KERNEL=triton|gluon, TILEATTN_MLA_PR
 given as JSON in $MLA_AB_VARIANTS ({"name": {"VAR": "value"}}; set every variable in every
 variant, since they persist; "" unsets one). Outputs are compared with the first variant's, times taken
 with do_bench (median), JSON written under $OUT.
-Usage: python benchmarks/mla_sm90_ab.py [batch:seq:heads[:q_len] ...]"""
+Usage: python benchmarks/mla_sm90_ab.py [batch:seq:heads[:q_len][:bf16|fp8] ...]"""
 
 import json
 import math
@@ -33,17 +33,19 @@ def main(shapes):
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
     for shape in shapes:
-        batch, seq_len, heads, *rest = (int(x) for x in shape.split(":"))
+        fields = shape.split(":")
+        kv_name = fields.pop() if fields[-1] in ("bf16", "fp8") else "bf16"
+        batch, seq_len, heads, *rest = (int(x) for x in fields)
         q_len = rest[0] if rest else 1
-        kv, page_table, _ = _make_cache(batch, seq_len, 64, "bf16", device, gen)
+        kv, page_table, descale = _make_cache(batch, seq_len, 64, kv_name, device, gen)
         q = torch.randn(batch, q_len, heads, 576, device=device, generator=gen, dtype=torch.bfloat16)
         seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
         plan = tileattn.mla_plan(seq_lens, num_heads=heads, q_len=q_len, page_size=64,
                                  kv_dtype=kv.dtype, device=device)
         call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=1 / math.sqrt(192),
-                                           plan=plan)
+                                           kv_descale=descale, plan=plan)
         outs, row = {}, dict(batch=batch, seq_len=seq_len, heads=heads, q_len=q_len,
-                             num_work=plan.num_work)
+                             kv_dtype=kv_name, num_work=plan.num_work)
         for schedule, env in VARIANTS.items():
             for name, value in env.items():   # "" unsets: the library's default
                 if value:
@@ -53,7 +55,7 @@ def main(shapes):
             outs[schedule] = call().float()
             torch.cuda.synchronize()
             ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
-            kv_bytes = batch * seq_len * 576 * 2
+            kv_bytes = batch * seq_len * 576 * kv.element_size()
             flops = 2 * heads * q_len * 1088 * batch * seq_len
             row[schedule] = dict(ms=ms, copy_fraction=kv_bytes / ms / 1e6 / copy, tflops=flops / ms / 1e9)
         first = next(iter(outs.values()))
@@ -61,7 +63,7 @@ def main(shapes):
             row[schedule]["rel_diff"] = float((out - first).norm() / first.norm())
             row[schedule]["finite"] = bool(torch.isfinite(out).all())
         rows.append(row)
-        print(f"b{batch} s{seq_len} h{heads} q{q_len}: " + "  ".join(
+        print(f"b{batch} s{seq_len} h{heads} q{q_len} {kv_name}: " + "  ".join(
             f"{name} {r['ms']:.4f} ms {r['tflops']:.0f} TF {r['copy_fraction']:.2f} copy"
             f"{'' if r['rel_diff'] < 1e-2 and r['finite'] else ' WRONG'}"
             for name, r in row.items() if isinstance(r, dict)), flush=True)

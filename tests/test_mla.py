@@ -295,7 +295,7 @@ def test_plan_refuses_more_work_items_than_one_launch_holds():
 
 def test_fp8_cache_slower_rule_names_the_measured_cliff():
     """mla_plan warns (PerformanceWarning) where an FP8 cache measured slower than bf16: sm90
-    with H·q_len >= 64 (the 16-bit cache runs the Gluon kernel there, FP8 the Triton one)."""
+    with H·q_len >= 64 (kernels/mla_decode_policy.py has the measurements)."""
     from tileattn.arch import arch_for_capability
     from tileattn.kernels.mla_decode_policy import fp8_cache_slower
     sm90, sm80, sm100 = (arch_for_capability(c) for c in ((9, 0), (8, 0), (10, 0)))

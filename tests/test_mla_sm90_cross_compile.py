@@ -1,9 +1,12 @@
-"""Compile the Gluon MLA decode kernel (tileattn/kernels/mla_sm90.py) for sm_90a without a GPU.
+"""Compile the Gluon MLA decode kernels (tileattn/kernels/mla_sm90.py, and mla_sm90_fp8.py for
+an e4m3 cache) for sm_90a without a GPU.
 
-Proves it fits 227 KB of shared memory, runs both GEMMs on wgmma fed by TMA, raises the
-consumer warpgroups' registers with setmaxnreg, and spills nothing (no stack frame, no
-local-memory instructions), for the shapes it takes: 64 and 128 rows, q_len 1 and 2, bf16 and
-fp16. Also checks the partial-kernel dispatch (TILEATTN_MLA_KERNEL) for an sm90 device.
+Proves they fit 227 KB of shared memory, run both GEMMs on wgmma fed by TMA, raise the
+consumer warpgroups' registers with setmaxnreg, and spill nothing (no stack frame, no
+local-memory instructions), for the shapes they take: 64 and 128 rows, q_len 1 and 2, bf16 and
+fp16, 16-bit and e4m3 caches; and that the e4m3 -> bf16 widening uses no conversion
+instruction (the integer bit move of mla_sm90_fp8.py). Also checks the partial-kernel dispatch
+(TILEATTN_MLA_KERNEL) for an sm90 device.
 """
 
 from .compile_helpers import run_without_interpreter
@@ -34,10 +37,11 @@ def inputs(num_heads, q_len, dtype=torch.bfloat16, kv_dtype=None, page_size=64, 
     lse = torch.empty(batch, q_len, num_heads)
     return q, kv, page_table, seq_lens, out, lse, plan
 
-def compile_case(num_heads, q_len, dtype):
-    q, kv, page_table, seq_lens, out, lse, plan = inputs(num_heads, q_len, dtype)
+def compile_case(num_heads, q_len, dtype, kv_dtype=None):
+    q, kv, page_table, seq_lens, out, lse, plan = inputs(num_heads, q_len, dtype, kv_dtype)
     assert mla_sm90.supports(q, kv)
-    launch = mla_sm90.mla_sm90_launch(q, kv, page_table, seq_lens, out, lse, plan, 0.1)
+    launch = mla_sm90.mla_sm90_launch(q, kv, page_table, seq_lens, out, lse, plan, 0.1,
+                                      torch.ones((), dtype=torch.float32))
     c = cross_compile_sm90(launch, 90)
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -50,12 +54,16 @@ def compile_case(num_heads, q_len, dtype):
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "local": len(re.findall(r"ld\.local|st\.local", ptx)) + len(re.findall(r"\b(LDL|STL)\b", sass)),
             "hgmma": sass.count("HGMMA"),
+            "f2f_bf16": sass.count("F2F.BF16"),
             "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)))}
 
 rows = {}
 for num_heads, q_len, dtype in ((64, 1, torch.bfloat16), (128, 1, torch.bfloat16),
                                 (64, 2, torch.bfloat16), (128, 1, torch.float16)):
     rows[f"h{num_heads}-q{q_len}-{str(dtype)[6:]}"] = compile_case(num_heads, q_len, dtype)
+for num_heads, dtype in ((64, torch.bfloat16), (128, torch.float16)):
+    rows[f"fp8-h{num_heads}-{str(dtype)[6:]}"] = compile_case(num_heads, 1, dtype,
+                                                               torch.float8_e4m3fn)
 
 # Dispatch: what TILEATTN_MLA_KERNEL picks for an sm90 device (TRITON_INTERPRET is unset here).
 dispatch = {}
@@ -84,6 +92,7 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
         assert "256" in row["setmaxnreg"], (name, row)                 # softmax warpgroup
         # L2 prefetch only where a work item has 2+ row blocks (it slowed 64-row items).
         assert (row["l2_prefetch"] > 0) == name.startswith(("h128", "h64-q2")), (name, row)
+    assert result["rows"]["fp8-h64-bfloat16"]["f2f_bf16"] == 0   # widened by integer ops
     dispatch = result["dispatch"]
     # auto: Gluon for split_dv plans of at least GLUON_MIN_KEYS keys (small batches lost).
     assert dispatch["auto-h128"] == "triton"
@@ -93,7 +102,8 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
     assert all(v == "triton" for k, v in dispatch.items() if k.startswith("triton-"))
     assert dispatch["gluon-h128"] == "gluon"
     assert dispatch["gluon-h16q4"] == "gluon"       # 64 rows from 16 heads x 4 tokens
-    for fallback in ("h16", "fp8", "page16"):       # < 64 rows, FP8 cache, page_size 16
+    assert dispatch["gluon-fp8"] == "gluon"         # e4m3 cache: mla_sm90_fp8.py
+    for fallback in ("h16", "page16"):              # < 64 rows, page_size 16
         assert dispatch[f"gluon-{fallback}"] == "triton", fallback
 
 

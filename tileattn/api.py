@@ -330,8 +330,9 @@ def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, sched
     arch = arch_of(device)
     if kv_dtype == torch.float8_e4m3fn and mla_decode_policy.fp8_cache_slower(arch, num_heads * q_len):
         warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_heads * q_len} >= 64 runs "
-                      f"slower than a bf16 cache on {arch.name} today (1.8-2.2x the time on "
-                      f"H100; see README, MLA decode)", PerformanceWarning, stacklevel=2)
+                      f"slower than a bf16 cache on {arch.name} today (on H100 about 1.05x the "
+                      f"bf16 time at 64 rows, 1.5x at 128; see README, MLA decode)",
+                      PerformanceWarning, stacklevel=2)
     config = mla_kernels.config_for(arch, schedule, num_heads * q_len)
     return plan_for_config(lengths, config, num_heads=num_heads, q_len=q_len,
                            page_size=page_size, kv_dtype=kv_dtype, device=device)
@@ -474,10 +475,11 @@ MLA_KERNELS = ("auto", "triton", "gluon")
 
 def mla_kernel_for(arch, q, kv_cache, plan) -> str:
     """Which MLA partial kernel runs checked inputs: "gluon" (the warp-specialized wgmma kernel
-    in kernels/mla_sm90.py) where the chip is sm90, it supports the inputs and it measured
+    in kernels/mla_sm90.py, kernels/mla_sm90_fp8.py for an e4m3 cache) where the chip is sm90,
+    it supports the inputs and it measured
     faster (mla_decode_policy.gluon_preferred); "triton" (mla_decode_partial_kernel) otherwise.
     TILEATTN_MLA_KERNEL=triton|gluon forces one; "gluon" still falls back to Triton where the
-    Gluon kernel does not support the inputs (FP8 cache, H·q_len < 64, page_size not a
+    Gluon kernel does not support the inputs (H·q_len < 64, page_size not a
     multiple of 64, a plan whose chunks are not whole 64-key tiles)."""
     choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
     if choice not in MLA_KERNELS:

@@ -148,30 +148,34 @@ def test_fp8_cache_with_q_past_fp16_range(num_heads, q_len):
 
 
 @needs_sm90
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["kv=q", "kv=e4m3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("num_heads,q_len", [(64, 1), (128, 1), (64, 2), (128, 2), (16, 4), (32, 3)])
-def test_gluon_kernel(num_heads, q_len, dtype, monkeypatch):
+def test_gluon_kernel(num_heads, q_len, dtype, kv_dtype, monkeypatch):
+    """The 16-bit cache runs mla_sm90.py's kernel, the e4m3 cache mla_sm90_fp8.py's."""
     monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
-    inputs = make_inputs([max(s, q_len) for s in SEQ_LENS], num_heads, q_len, 64, dtype, dtype)
+    inputs = make_inputs([max(s, q_len) for s in SEQ_LENS], num_heads, q_len, 64, dtype,
+                         kv_dtype or dtype)
     q, kv, page_table, seq_lens, descale = inputs
     plan = tileattn.mla_plan(seq_lens, num_heads=num_heads, q_len=q_len, page_size=64,
                              kv_dtype=kv.dtype, device="cuda")
     assert _gluon_runs(q, kv, plan)
     assert plan.num_slots > 0, "some sequences must be split across work items"
     out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
-                                   return_lse=True)
+                                   kv_descale=descale, return_lse=True)
     check(out, lse, *inputs)
 
 
 @needs_sm90
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
 @pytest.mark.parametrize("num_heads", [64, 128])
-def test_gluon_kernel_ignores_nan_past_sequence_end(num_heads, monkeypatch):
+def test_gluon_kernel_ignores_nan_past_sequence_end(num_heads, kv_dtype, monkeypatch):
     """The last tile of a sequence is read whole by TMA; cache rows past seq_len (same page)
     hold NaN here and must not reach the output (the kernel zeroes them before P V)."""
     monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")
     lengths = [1, 63, 65, 1000, 4097]
     q, kv, page_table, seq_lens, descale = make_inputs(lengths, num_heads, 1, 64, torch.bfloat16,
-                                                       torch.bfloat16)
+                                                       kv_dtype)
     for b, length in enumerate(lengths):
         page = int(page_table[b, length // 64])
         kv[page, length % 64:] = float("nan")
@@ -179,8 +183,8 @@ def test_gluon_kernel_ignores_nan_past_sequence_end(num_heads, monkeypatch):
                              device="cuda")
     assert _gluon_runs(q, kv, plan)
     out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
-                                   return_lse=True)
-    check(out, lse, q, kv, page_table, seq_lens, None)
+                                   kv_descale=descale, return_lse=True)
+    check(out, lse, q, kv, page_table, seq_lens, descale)
 
 
 @needs_sm90

@@ -408,7 +408,7 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     if kernel == "gluon":
         from . import mla_sm90
         launches = [mla_sm90.mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
-                                             softmax_scale)]
+                                             softmax_scale, kv_descale)]
         return launches + combine_launches(q, out, lse, plan)
     kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
     if kv_widen == "bytes":

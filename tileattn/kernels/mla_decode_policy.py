@@ -24,9 +24,11 @@ GLUON_MIN_KEYS = 1 << 18
 
 
 def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
-    """Where an FP8 cache measured slower than a 16-bit one (H100, session 5 grid): sm90 with
-    H·q_len >= 64, which the 16-bit cache runs on the Gluon kernel and FP8 on the Triton one
-    (1.8-2.2x the bf16 time). mla_plan warns there rather than leave a silent cliff."""
+    """Where an FP8 cache measured slower than a 16-bit one: sm90 with H·q_len >= 64. Both run
+    Gluon kernels there, but the FP8 one widens e4m3 tiles of 32 keys in shared memory and is
+    bound by its consumers at that tile size (H100, results/2026-11-23-h100-session6/: 0.71 vs
+    0.68 ms at H64, 1.39 vs 0.94 ms at H128, batch 768 seq 2048; it was 1.8-2.2x on the Triton
+    kernel before). mla_plan warns there rather than leave a silent cliff."""
     return arch.name == "sm90" and num_rows >= 64
 
 

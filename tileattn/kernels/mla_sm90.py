@@ -146,8 +146,8 @@ def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_
 
 @gluon.jit
 def _box(smem, i):
-    """Box i of a [n, 1, 64, 64] buffer as a [64, 64] tile."""
-    return smem.index(i).reshape([BLOCK_N, BOX])
+    """Box i of a [n, 1, rows, 64] buffer as a [rows, 64] tile."""
+    return smem.index(i).reshape([smem.shape[2], smem.shape[3]])
 
 
 @gluon.jit
@@ -181,8 +181,9 @@ def _v_half(kv_smem, stage, FIRST_BOX: gl.constexpr):
     apart), so the P V wgmma runs at N = 256: fewer instructions and less shared-memory
     traffic than 4 x N 64. The ring is reinterpreted as [2 NUM_STAGES, 64, 256] halves."""
     HALF_N: gl.constexpr = V_BOXES_PER_WG * BOX
-    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF_N], kv_smem.dtype)
-    halves = kv_smem._reinterpret(kv_smem.dtype, [kv_smem.shape[0] // V_BOXES_PER_WG, BLOCK_N, HALF_N],
+    TILE_N: gl.constexpr = kv_smem.shape[2]
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE_N, HALF_N], kv_smem.dtype)
+    halves = kv_smem._reinterpret(kv_smem.dtype, [kv_smem.shape[0] // V_BOXES_PER_WG, TILE_N, HALF_N],
                                   v_layout)
     return halves.index(stage * (V_BOXES // V_BOXES_PER_WG) + FIRST_BOX // V_BOXES_PER_WG)
 
@@ -198,7 +199,7 @@ def _zero_tail_rows(kv_smem, rope_smem, stage, valid_rows):
     """Zero the rows >= valid_rows of every box of a tile (keys past the sequence's end),
     then make the stores visible to the tensor cores."""
     zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zl)) < valid_rows, 1)
+    keep = gl.expand_dims(gl.arange(0, kv_smem.shape[2], layout=gl.SliceLayout(1, zl)) < valid_rows, 1)
     for c in gl.static_range(NUM_BOXES):
         if c < V_BOXES:
             buf = _box(kv_smem, stage * V_BOXES + c)
@@ -213,9 +214,9 @@ def _zero_tail_rows(kv_smem, rope_smem, stage, valid_rows):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, tile_start, kv_end, key_limit,
                   s_layout: gl.constexpr, MASKED: gl.constexpr):
-    """Online softmax of one [64, 64] score tile (base 2): (p, alpha, m_new, l_new)."""
+    """Online softmax of one [64, TILE_N] score tile (base 2): (p, alpha, m_new, l_new)."""
     if MASKED:
-        cols = gl.expand_dims(tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+        cols = gl.expand_dims(tile_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout)), 0)
         visible = (cols < kv_end) & (cols < gl.expand_dims(key_limit, 1))
         s = gl.where(visible, s, float("-inf"))
     return online_softmax(s, m_i, l_i, qk_scale, MASKED)
@@ -239,13 +240,14 @@ def _softmax_loop(o, p, m_i, l_i, prev_stage, q_smem, kv_smem, rope_smem, p_smem
                   key_limit, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
                   p_layout: gl.constexpr, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
     """Tiles [j_start, j_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    TILE_N: gl.constexpr = kv_smem.shape[2]
+    s_zero = gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_layout)
     for j in range(j_start, j_end):
         stage = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
-        tile_start = kv_start + j * BLOCK_N
+        tile_start = kv_start + j * TILE_N
         if MASKED:
-            if tile_start + BLOCK_N > kv_end:
+            if tile_start + TILE_N > kv_end:
                 _wait_tile(kv_ready, stage, phase)
                 _zero_tail_rows(kv_smem, rope_smem, stage, kv_end - tile_start)
         s = _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, stage, phase, s_zero)
@@ -288,11 +290,13 @@ def _store_half(o, scale, rows, batch, slot, num_heads, num_rows,
 @gluon.jit
 def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
                        stride_ob, stride_os, stride_oh, num_heads, q_len, num_rows,
-                       softmax_scale_log2, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
-                       q_ready, kv_ready, kv_empty, p_ready, p_empty,
-                       NUM_STAGES: gl.constexpr):
+                       softmax_scale_log2, output_scale, kv_descale_ptr, q_smem, kv_smem,
+                       rope_smem, p_smem,
+                       alpha_smem, q_ready, kv_ready, kv_empty, p_ready, p_empty,
+                       NUM_STAGES: gl.constexpr, HAS_DESCALE: gl.constexpr):
+    TILE_N: gl.constexpr = kv_smem.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BOX, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_BOXES_PER_WG * BOX, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -304,11 +308,18 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
     # Speculative decoding: token j of q_len sees the first seq_len - q_len + 1 + j keys.
     first_limit = seq_len - q_len + 1
     key_limit = first_limit + rows // num_heads
-    num_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+    num_tiles = gl.cdiv(kv_end - kv_start, TILE_N)
     # Tiles below full_end are visible to every row and inside the chunk: no masks there.
     full_end = gl.maximum(gl.minimum(kv_end, first_limit), kv_start)
-    num_full = (full_end - kv_start) // BLOCK_N
+    num_full = (full_end - kv_start) // TILE_N
+    # output_scale (and the factor in softmax_scale_log2) undoes a scaled widening of an FP8
+    # cache (mla_sm90_fp8.py); an FP8 descale multiplies the scores and the output too.
     qk_scale = softmax_scale_log2
+    out_scale = output_scale
+    if HAS_DESCALE:
+        descale = gl.load(kv_descale_ptr)
+        qk_scale = qk_scale * descale
+        out_scale = out_scale * descale
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
@@ -316,11 +327,11 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
     mbarrier.wait(q_ready, 0)
 
     # Tile 0 is peeled (no previous P V to overlap) and always masked (once per item).
-    if kv_start + BLOCK_N > kv_end:
+    if kv_start + TILE_N > kv_end:
         _wait_tile(kv_ready, 0, 0)
         _zero_tail_rows(kv_smem, rope_smem, 0, kv_end - kv_start)
     s = _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, 0, 0,
-                  gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout))
+                  gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_layout))
     s = warpgroup_mma_wait(0, deps=(s,))
     p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, kv_start, kv_end, key_limit,
                                            s_layout, True)
@@ -343,8 +354,8 @@ def _softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    scale = 1.0 / l_safe
-    # The last message: 1 / l for the other half of the output.
+    scale = out_scale / l_safe
+    # The last message: 1 / l (times the FP8 descale) for the other half of the output.
     mbarrier.wait(p_empty, (num_tiles & 1) ^ 1)
     alpha_smem.store(scale)
     gl.thread_barrier()
@@ -367,7 +378,7 @@ def _pv_partition(work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stri
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_BOXES_PER_WG * BOX, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     batch, kv_start, kv_end, slot = _work_item(work_ptr)
-    num_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+    num_tiles = gl.cdiv(kv_end - kv_start, kv_smem.shape[2])
     o = gl.zeros([BLOCK_M, V_BOXES_PER_WG * BOX], gl.float32, layout=o_layout)
     for j in range(num_tiles):
         stage = j % NUM_STAGES
@@ -425,9 +436,9 @@ def mla_sm90_partial_kernel(
     gl.warp_specialize([
         (_softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
                               partial_lse_ptr, stride_ob, stride_os, stride_oh, num_heads, q_len,
-                              num_rows, softmax_scale_log2, q_smem, kv_smem, rope_smem, p_smem,
-                              alpha_smem,
-                              q_ready, kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
+                              num_rows, softmax_scale_log2, 1.0, work_ptr, q_smem, kv_smem,
+                              rope_smem, p_smem, alpha_smem, q_ready, kv_ready, kv_empty,
+                              p_ready, p_empty, NUM_STAGES, False)),
         (_pv_partition, (work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
                          num_heads, num_rows, kv_smem, p_smem, alpha_smem,
                          kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
@@ -442,11 +453,13 @@ def mla_sm90_partial_kernel(
 # ---------------------------------------------------------------------------------------------
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """Whether mla_sm90_launch handles these (already validated) inputs: 16-bit cache in q's
-    dtype, H·q_len >= 64 rows, page_size a multiple of 64, q's (token, head) dims mergeable
-    into one row dim, TMA-aligned strides."""
+    """Whether mla_sm90_launch handles these (already validated) inputs: a cache in q's 16-bit
+    dtype or e4m3 (mla_sm90_fp8.py), H·q_len >= 64 rows, page_size a multiple of 64, q's
+    (token, head) dims mergeable into one row dim, TMA-aligned strides."""
     batch, q_len, num_heads, _ = q.shape
-    if q.dtype not in (torch.float16, torch.bfloat16) or kv_cache.dtype != q.dtype:
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
         return False
     if q_len * num_heads < BLOCK_M.value or kv_cache.shape[1] % BLOCK_N.value != 0:
         return False
@@ -468,9 +481,14 @@ def prefetch_tiles(num_rows: int, kv_cache: torch.Tensor) -> int:
 
 
 def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
-                    softmax_scale: float) -> KernelLaunch:
+                    softmax_scale: float, kv_descale=None) -> KernelLaunch:
     """The partial-kernel launch for inputs that supports() accepted; same plan, same outputs
-    as mla_decode.mla_decode_partial_kernel (the combine launch is unchanged)."""
+    as mla_decode.mla_decode_partial_kernel (the combine launch is unchanged). An e4m3 cache
+    runs mla_sm90_fp8.py's kernel."""
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        from .mla_sm90_fp8 import mla_sm90_fp8_launch
+        return mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
+                                   softmax_scale)
     batch, q_len, num_heads, _ = q.shape
     num_rows = q_len * num_heads
     dtype = GL_DTYPES[q.dtype]
