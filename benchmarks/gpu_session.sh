@@ -62,9 +62,10 @@ for heads, q_len, kv_dtype in ((16, 1, torch.bfloat16), (16, 2, torch.bfloat16),
     q = torch.randn(3, q_len, heads, 576, device='cuda', dtype=torch.bfloat16)
     tileattn.mla_decode(q, kv, table, lens.clamp(min=q_len), softmax_scale=0.07)
 import os; os.environ['TILEATTN_MLA_KERNEL'] = 'gluon'
-for heads, q_len in ((64, 1), (128, 2)):  # page 64: the Gluon MLA kernel
+for heads, q_len, kv_dtype in ((64, 1, torch.bfloat16), (128, 2, torch.bfloat16),
+                              (64, 1, torch.float8_e4m3fn), (128, 2, torch.float8_e4m3fn)):  # page 64: the Gluon MLA kernels
     lens = torch.tensor([2, 70, 700], dtype=torch.int32, device='cuda'); page = 64
-    kv = torch.randn(40, page, 576, device='cuda', dtype=torch.bfloat16)
+    kv = torch.randn(40, page, 576, device='cuda', dtype=torch.bfloat16).to(kv_dtype)
     table = torch.randperm(40, device='cuda').to(torch.int32)[:36].reshape(3, 12)
     q = torch.randn(3, q_len, heads, 576, device='cuda', dtype=torch.bfloat16)
     tileattn.mla_decode(q, kv, table, lens, softmax_scale=0.07)
@@ -73,7 +74,7 @@ q = torch.randn(2, 333, 8, 128, device='cuda', dtype=torch.bfloat16); k = torch.
 for causal in (False, True):
     tileattn.attention(q, k, k, causal=causal, return_lse=True)
 torch.cuda.synchronize(); print('sanitizer case ran')
-" 2>&1 | tail -5; echo "sanitizer exit ${PIPESTATUS[0]}" ;;
+" 2>&1 | tee "$OUT/sanitizer.log" | tail -5; echo "sanitizer exit ${PIPESTATUS[0]}" | tee -a "$OUT/sanitizer.log" ;;
     bench) python3 -m tileattn bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^prefill \[" | tail -80 ;;
     gridbench) python3 -m tileattn bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/gridbench.log" | grep -v "^prefill \\[" | tail -60 ;;
     quickbench) python3 -m tileattn bench --quick --out "$OUT" 2>&1 | tail -30 ;;
