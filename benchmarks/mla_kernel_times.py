@@ -1,6 +1,7 @@
 """Per-kernel GPU times (torch.profiler) of mla_decode at small batches, where the eager time is
 mostly host overhead: python benchmarks/mla_kernel_times.py (shapes in SHAPES below)."""
-import torch, math, tileattn
+import torch
+import tileattn
 from torch.profiler import profile, ProfilerActivity
 from tileattn.bench.mla import _make_cache
 dev = torch.device("cuda"); gen = torch.Generator(device=dev).manual_seed(0)
