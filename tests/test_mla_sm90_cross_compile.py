@@ -59,7 +59,8 @@ def compile_case(num_heads, q_len, dtype, kv_dtype=None):
 
 rows = {}
 for num_heads, q_len, dtype in ((64, 1, torch.bfloat16), (128, 1, torch.bfloat16),
-                                (64, 2, torch.bfloat16), (128, 1, torch.float16)):
+                                (64, 2, torch.bfloat16), (128, 1, torch.float16),
+                                (32, 1, torch.bfloat16)):
     rows[f"h{num_heads}-q{q_len}-{str(dtype)[6:]}"] = compile_case(num_heads, q_len, dtype)
 for num_heads, dtype in ((64, torch.bfloat16), (128, torch.float16)):
     rows[f"fp8-h{num_heads}-{str(dtype)[6:]}"] = compile_case(num_heads, 1, dtype,
@@ -70,7 +71,7 @@ dispatch = {}
 for choice in ("auto", "triton", "gluon"):
     os.environ["TILEATTN_MLA_KERNEL"] = choice
     for name, kwargs in {"h128": dict(num_heads=128, q_len=1), "h16q4": dict(num_heads=16, q_len=4),
-                         "h16": dict(num_heads=16, q_len=1),
+                         "h16": dict(num_heads=16, q_len=1), "h32": dict(num_heads=32, q_len=1),
                          "fp8": dict(num_heads=128, q_len=1, kv_dtype=torch.float8_e4m3fn),
                          "page16": dict(num_heads=128, q_len=1, page_size=16),
                          "dup_qk": dict(num_heads=128, q_len=1, schedule="dup_qk")}.items():
@@ -103,6 +104,8 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
     assert dispatch["gluon-h128"] == "gluon"
     assert dispatch["gluon-h16q4"] == "gluon"       # 64 rows from 16 heads x 4 tokens
     assert dispatch["gluon-fp8"] == "gluon"         # e4m3 cache: mla_sm90_fp8.py
+    assert dispatch["gluon-h32"] == "gluon"         # 32 rows, padded to 64
+    assert dispatch["auto-h32"] == "triton"         # a 2-sequence plan: too few work items
     for fallback in ("h16", "page16"):              # < 64 rows, page_size 16
         assert dispatch[f"gluon-{fallback}"] == "triton", fallback
 

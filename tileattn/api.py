@@ -479,7 +479,7 @@ def mla_kernel_for(arch, q, kv_cache, plan) -> str:
     it supports the inputs and it measured
     faster (mla_decode_policy.gluon_preferred); "triton" (mla_decode_partial_kernel) otherwise.
     TILEATTN_MLA_KERNEL=triton|gluon forces one; "gluon" still falls back to Triton where the
-    Gluon kernel does not support the inputs (H·q_len < 64, page_size not a
+    Gluon kernel does not support the inputs (H·q_len < 32, page_size not a
     multiple of 64, a plan whose chunks are not whole 64-key tiles)."""
     choice = os.environ.get("TILEATTN_MLA_KERNEL", "auto")
     if choice not in MLA_KERNELS:

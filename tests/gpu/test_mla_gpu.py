@@ -150,7 +150,8 @@ def test_fp8_cache_with_q_past_fp16_range(num_heads, q_len):
 @needs_sm90
 @pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["kv=q", "kv=e4m3"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("num_heads,q_len", [(64, 1), (128, 1), (64, 2), (128, 2), (16, 4), (32, 3)])
+@pytest.mark.parametrize("num_heads,q_len", [(64, 1), (128, 1), (64, 2), (128, 2), (16, 4), (32, 3),
+                                             (32, 1)])
 def test_gluon_kernel(num_heads, q_len, dtype, kv_dtype, monkeypatch):
     """The 16-bit cache runs mla_sm90.py's kernel, the e4m3 cache mla_sm90_fp8.py's."""
     monkeypatch.setenv("TILEATTN_MLA_KERNEL", "gluon")

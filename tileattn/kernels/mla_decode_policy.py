@@ -21,6 +21,13 @@ from ..arch import Arch
 # 128 seq 1024 H128), and Gluon was not shown to win: results/2026-11-23-h100-mla-session5b/c.
 GLUON_BY_DEFAULT = True
 GLUON_MIN_KEYS = 1 << 18
+# 32-63 rows (e.g. H32 q_len 1) run the Gluon kernel padded to 64 rows. H100 A/B
+# (results/2026-11-23-h100-session6/mla-sm90-ab-rows32.json, Triton vs Gluon ms): batch 768
+# seq 1024/2048/8192 H32 0.387/0.709/2.646 vs 0.355/0.651/2.435 (0.85 -> 0.92 of the copy rate
+# at seq 2048), batch 128 seq 8192 0.580 vs 0.515, FP8 H32 0.718 vs 0.699; but batch 32 seq
+# 8192 (256 work items of the 32-row plan) 0.164 vs 0.353. So below 64 rows Gluon needs
+# GLUON_MIN_WORK_FEW_ROWS work items.
+GLUON_MIN_WORK_FEW_ROWS = 384
 
 
 def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
@@ -34,5 +41,7 @@ def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
 
 def gluon_preferred(plan) -> bool:
     """Whether the Gluon kernel measured faster for this plan (the comment above)."""
+    few_rows = plan.num_heads * plan.q_len < 64
     return (GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
-            and plan.total_keys >= GLUON_MIN_KEYS)
+            and plan.total_keys >= GLUON_MIN_KEYS
+            and (not few_rows or plan.num_work >= GLUON_MIN_WORK_FEW_ROWS))

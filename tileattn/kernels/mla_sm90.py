@@ -1,5 +1,6 @@
 """MLA decode partial kernel for Hopper (sm90) in Gluon: TMA, mbarrier rings, wgmma, and
-warp specialization, for blocks of 64 rows (H·q_len >= 64) and a 16-bit cache.
+warp specialization, for blocks of 64 rows (H·q_len >= MIN_ROWS = 32; fewer than 64 run
+padded) and a 16-bit cache (mla_sm90_fp8.py reuses its consumers for an e4m3 cache).
 
 It consumes the same split-KV plan (tileattn.scheduler.make_mla_plan) as the Triton kernel
 mla_decode.mla_decode_partial_kernel and writes exactly what that kernel writes: the final
@@ -72,6 +73,10 @@ LOADER_REGS = 24
 PV_REGS = 208     # P V warpgroup; the softmax warpgroup then gets 256 (256 + 208 + 24 <= 3 x 168)
                   # (at 240 the softmax warpgroup got 240 and spilled 72 bytes)
 LOG2_E = 1.4426950408889634
+# Fewer rows than BLOCK_M run padded (TMA zero-fills them, they are never stored): the wgmma
+# work is that of 64 rows, which still beat the Triton kernel at 32 rows on big batches
+# (mla_decode_policy.gluon_preferred); at 16 rows it only tied.
+MIN_ROWS = 32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,14 +459,14 @@ def mla_sm90_partial_kernel(
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether mla_sm90_launch handles these (already validated) inputs: a cache in q's 16-bit
-    dtype or e4m3 (mla_sm90_fp8.py), H·q_len >= 64 rows, page_size a multiple of 64, q's
+    dtype or e4m3 (mla_sm90_fp8.py), H·q_len >= MIN_ROWS, page_size a multiple of 64, q's
     (token, head) dims mergeable into one row dim, TMA-aligned strides."""
     batch, q_len, num_heads, _ = q.shape
     if q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
         return False
-    if q_len * num_heads < BLOCK_M.value or kv_cache.shape[1] % BLOCK_N.value != 0:
+    if q_len * num_heads < MIN_ROWS or kv_cache.shape[1] % BLOCK_N.value != 0:
         return False
     if q_len > 1 and q.stride(1) != num_heads * q.stride(2):
         return False
