@@ -27,8 +27,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .cross_compile import KernelLaunch
 from .gluon_common import GL_DTYPES
-from .mla_sm90 import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, _box, _pv_partition,
-                       _softmax_partition, _work_item)
+from .mla_sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, box_view,
+                                 pv_partition, softmax_partition, work_item)
 
 TILE_N = gl.constexpr(32)     # KV tokens per tile (see the module docstring)
 NUM_STAGES = 3                # widened 16-bit tiles
@@ -84,7 +84,7 @@ def _load_raw(raw_desc, raw_smem, raw_ready, page_row, token, raw_stage,
 def _widen_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, raw_desc,
                      q_smem, raw_smem, kv_smem, rope_smem, q_ready, raw_ready, kv_ready, kv_empty,
                      PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr):
-    batch, kv_start, kv_end, slot = _work_item(work_ptr)
+    batch, kv_start, kv_end, slot = work_item(work_ptr)
     row_block = gl.program_id(0)
     mbarrier.expect(q_ready, NUM_BOXES * q_desc.block_type.nbytes)
     for c in gl.static_range(NUM_BOXES):
@@ -105,15 +105,15 @@ def _widen_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, raw_
         # (the loads would otherwise wait behind the stores: smem accesses stay in order).
         for g in gl.static_range(NUM_BOXES // 3):
             first = raw_stage * NUM_BOXES + 3 * g
-            x0 = _box(raw_smem, first).load(box_layout)
-            x1 = _box(raw_smem, first + 1).load(box_layout)
-            x2 = _box(raw_smem, first + 2).load(box_layout)
-            _box(kv_smem, stage * V_BOXES + 3 * g).store(_widen(x0, kv_smem.dtype))
-            _box(kv_smem, stage * V_BOXES + 3 * g + 1).store(_widen(x1, kv_smem.dtype))
+            x0 = box_view(raw_smem, first).load(box_layout)
+            x1 = box_view(raw_smem, first + 1).load(box_layout)
+            x2 = box_view(raw_smem, first + 2).load(box_layout)
+            box_view(kv_smem, stage * V_BOXES + 3 * g).store(_widen(x0, kv_smem.dtype))
+            box_view(kv_smem, stage * V_BOXES + 3 * g + 1).store(_widen(x1, kv_smem.dtype))
             if g < 2:
-                _box(kv_smem, stage * V_BOXES + 3 * g + 2).store(_widen(x2, kv_smem.dtype))
+                box_view(kv_smem, stage * V_BOXES + 3 * g + 2).store(_widen(x2, kv_smem.dtype))
             else:
-                _box(rope_smem, stage).store(_widen(x2, kv_smem.dtype))
+                box_view(rope_smem, stage).store(_widen(x2, kv_smem.dtype))
             fence_async_shared()
             gl.thread_barrier()
             for k in gl.static_range(3):
@@ -162,13 +162,13 @@ def mla_sm90_fp8_partial_kernel(
         mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
 
     gl.warp_specialize([
-        (_softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
+        (softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
                               partial_lse_ptr, stride_ob, stride_os, stride_oh, num_heads, q_len,
                               num_rows, softmax_scale_log2, output_scale, kv_descale_ptr,
                               q_smem, kv_smem,
                               rope_smem, p_smem, alpha_smem, q_ready, kv_ready, kv_empty,
                               p_ready, p_empty, NUM_STAGES, HAS_DESCALE)),
-        (_pv_partition, (work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
+        (pv_partition, (work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
                          num_heads, num_rows, kv_smem, p_smem, alpha_smem,
                          kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
         (_widen_partition, (work_ptr, page_table_ptr, stride_page_table_b, q_desc, raw_desc,
