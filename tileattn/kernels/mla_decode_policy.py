@@ -41,7 +41,7 @@ def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
 
 def gluon_preferred(plan) -> bool:
     """Whether the Gluon kernel measured faster for this plan (the comment above)."""
-    few_rows = plan.num_heads * plan.q_len < 64
+    few_rows = plan.num_heads * plan.q_len < 64    # padded up to the kernel's 64-row block
     return (GLUON_BY_DEFAULT and plan.config.schedule == "split_dv"
             and plan.total_keys >= GLUON_MIN_KEYS
             and (not few_rows or plan.num_work >= GLUON_MIN_WORK_FEW_ROWS))

@@ -41,8 +41,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .cross_compile import KernelLaunch
 from .gluon_common import GL_DTYPES, tma_ready
-from .mla_sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, pv_partition,
-                                 softmax_partition, work_item)
+from .mla_sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, allocate_state,
+                                 load_q, pv_partition, softmax_partition, work_item)
 
 BLOCK_N = gl.constexpr(64)            # KV tokens per tile
 NUM_COLS = gl.constexpr(576)
@@ -81,11 +81,8 @@ def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_
                       PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
                       PREFETCH_TILES: gl.constexpr):
     batch, kv_start, kv_end, slot = work_item(work_ptr)
+    load_q(q_desc, q_smem, q_ready, batch)
     row_block = gl.program_id(0)
-    mbarrier.expect(q_ready, NUM_BOXES * q_desc.block_type.nbytes)
-    for c in gl.static_range(NUM_BOXES):
-        tma.async_copy_global_to_shared(q_desc, [batch, row_block * BLOCK_M, c * BOX], q_ready,
-                                        q_smem.index(c))
     page_row = page_table_ptr + batch.to(gl.int64) * stride_page_table_b
     num_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
     # Row blocks of one work item read the same tiles: block 0 alone pulls them into L2.
@@ -126,32 +123,8 @@ def mla_sm90_partial_kernel(
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
     PV_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PREFETCH_TILES: gl.constexpr,
 ):
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape, q_desc.layout)
-    # A KV tile: boxes 0-7 (the 512 latent columns, also V) and box 8 (rope), apart because
-    # shared buffers need power-of-two inner dims.
-    kv_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * V_BOXES] + kv_desc.block_type.shape,
-                                        kv_desc.layout)
-    rope_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + kv_desc.block_type.shape,
-                                          kv_desc.layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES * NUM_BOXES, 1],
-                                         mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_empty, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        for c in gl.static_range(NUM_BOXES):
-            mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
-
+    (q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty, kv_ready,
+     kv_empty) = allocate_state(q_desc, NUM_STAGES, BLOCK_N)
     gl.warp_specialize([
         (softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
                               partial_lse_ptr, stride_ob, stride_os, stride_oh, num_heads, q_len,
@@ -199,6 +172,33 @@ def prefetch_tiles(num_rows: int, kv_cache: torch.Tensor) -> int:
     return int(os.environ.get("TILEATTN_MLA_PREFETCH", default)) if contiguous else 0
 
 
+def kv_descriptor(kv_cache: torch.Tensor, tile_n: int, smem_dtype) -> TensorDescriptor:
+    """TMA view of the cache as [num_pages, page_size, 576], boxes of [tile_n keys, 64 cols]
+    laid out as smem_dtype's NVMMA layout."""
+    layout = gl.NVMMASharedLayout.get_default_for([1, tile_n, BOX.value], smem_dtype)
+    return TensorDescriptor(kv_cache, list(kv_cache.shape),
+                            [kv_cache.stride(0), kv_cache.stride(1), 1], [1, tile_n, BOX.value],
+                            layout)
+
+
+def common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale: float) -> dict:
+    """The arguments both Gluon MLA kernels take (mla_sm90_fp8.py adds its own)."""
+    batch, q_len, num_heads, _ = q.shape
+    num_rows = q_len * num_heads
+    q_layout = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M.value, BOX.value],
+                                                    GL_DTYPES[q.dtype])
+    # q as [batch, rows, 576]: TMA zero-fills rows past H·q_len.
+    q_desc = TensorDescriptor(q, [batch, num_rows, q.shape[3]], [q.stride(0), q.stride(2), 1],
+                              [1, BLOCK_M.value, BOX.value], q_layout)
+    return dict(
+        work_ptr=plan.work, seq_lens_ptr=seq_lens, page_table_ptr=page_table, q_desc=q_desc,
+        out_ptr=out, lse_ptr=lse, partial_out_ptr=plan.partial_out,
+        partial_lse_ptr=plan.partial_lse, stride_page_table_b=page_table.stride(0),
+        stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
+        num_heads=num_heads, q_len=q_len, num_rows=num_rows,
+        softmax_scale_log2=softmax_scale * LOG2_E)
+
+
 def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
                     softmax_scale: float, kv_descale=None) -> KernelLaunch:
     """The partial-kernel launch for inputs that supports() accepted; same plan, same outputs
@@ -208,25 +208,10 @@ def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
         from .mla_sm90_fp8 import mla_sm90_fp8_launch
         return mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
                                    softmax_scale)
-    batch, q_len, num_heads, _ = q.shape
-    num_rows = q_len * num_heads
-    dtype = GL_DTYPES[q.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N.value, BOX.value], dtype)
-    # q as [batch, rows, 576]: TMA zero-fills rows past H·q_len.
-    q_desc = TensorDescriptor(q, [batch, num_rows, q.shape[3]], [q.stride(0), q.stride(2), 1],
-                              [1, BLOCK_M.value, BOX.value], layout)
-    kv_desc = TensorDescriptor(kv_cache, list(kv_cache.shape),
-                               [kv_cache.stride(0), kv_cache.stride(1), 1], [1, BLOCK_N.value, BOX.value], layout)
-    args = dict(
-        work_ptr=plan.work, seq_lens_ptr=seq_lens, page_table_ptr=page_table,
-        q_desc=q_desc, kv_desc=kv_desc, out_ptr=out, lse_ptr=lse,
-        partial_out_ptr=plan.partial_out, partial_lse_ptr=plan.partial_lse,
-        stride_page_table_b=page_table.stride(0),
-        stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        num_heads=num_heads, q_len=q_len, num_rows=num_rows,
-        softmax_scale_log2=softmax_scale * LOG2_E, kv_ptr=kv_cache,
-        stride_kv_page=kv_cache.stride(0),
-    )
+    args = common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale)
+    args.update(kv_desc=kv_descriptor(kv_cache, BLOCK_N.value, GL_DTYPES[q.dtype]), kv_ptr=kv_cache,
+                stride_kv_page=kv_cache.stride(0))
+    num_rows = args["num_rows"]
     prefetch = prefetch_tiles(num_rows, kv_cache)
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
                       PV_REGS=PV_REGS, LOADER_REGS=LOADER_REGS, PREFETCH_TILES=prefetch)

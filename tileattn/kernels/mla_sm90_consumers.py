@@ -1,7 +1,8 @@
 """The two consumer warpgroups of the Gluon MLA decode kernels (mla_sm90.py for a 16-bit cache,
-mla_sm90_fp8.py for e4m3), with the helpers they share. They read Q and KV tiles that the
-kernel's producer partition put in shared memory, and are generic in the tile size (64 keys
-for the 16-bit cache, 32 for e4m3: taken from the ring's shape).
+mla_sm90_fp8.py for e4m3), with what both kernels share: the shared-memory state
+(allocate_state) and the Q load of their producer partitions (load_q). The consumers read Q
+and KV tiles that the kernel's producer partition put in shared memory, and are generic in the
+tile size (64 keys for the 16-bit cache, 32 for e4m3: taken from the ring's shape).
 
   * softmax warpgroup (the default partition, 4 warps, 256 registers): S_j = Q K_j^T over
     the 9 boxes (one copy of S: no duplicated QK^T), each wgmma issued once its box's ready
@@ -33,7 +34,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from .gluon_common import online_softmax
 
@@ -43,6 +44,47 @@ NUM_BOXES = gl.constexpr(9)
 V_BOXES = gl.constexpr(8)
 V_BOXES_PER_WG = gl.constexpr(4)      # each consumer warpgroup owns 256 of V's 512 columns
 LOG2_E = 1.4426950408889634
+
+
+@gluon.jit
+def allocate_state(q_desc, NUM_STAGES: gl.constexpr, TILE_N: gl.constexpr):
+    """Shared memory of both kernels: Q (9 boxes), the ring of NUM_STAGES 16-bit KV tiles of
+    TILE_N keys (boxes 0-7, the 512 latent columns that are also V, and box 8, rope, apart
+    because shared buffers need power-of-two inner dims), the P message (P and one fp32 per
+    row), and their barriers: q_ready, p_ready / p_empty, one kv_ready per box, kv_empty."""
+    dtype: gl.constexpr = q_desc.dtype
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, TILE_N, BOX], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape, q_desc.layout)
+    kv_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * V_BOXES, 1, TILE_N, BOX], tile_layout)
+    rope_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, TILE_N, BOX], tile_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype))
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES * NUM_BOXES, 1],
+                                         mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_empty, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        for c in gl.static_range(NUM_BOXES):
+            mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
+    return (q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty, kv_ready,
+            kv_empty)
+
+
+@gluon.jit
+def load_q(q_desc, q_smem, q_ready, batch):
+    """TMA of this program's 64 rows of Q (9 boxes, one barrier), from the producer."""
+    mbarrier.expect(q_ready, NUM_BOXES * q_desc.block_type.nbytes)
+    for c in gl.static_range(NUM_BOXES):
+        tma.async_copy_global_to_shared(q_desc, [batch, gl.program_id(0) * BLOCK_M, c * BOX],
+                                        q_ready, q_smem.index(c))
 
 
 @gluon.jit

@@ -23,11 +23,11 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .cross_compile import KernelLaunch
 from .gluon_common import GL_DTYPES
-from .mla_sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, box_view,
+from .mla_sm90 import kv_descriptor, common_args
+from .mla_sm90_consumers import (BLOCK_M, BOX, NUM_BOXES, V_BOXES, allocate_state, box_view, load_q,
                                  pv_partition, softmax_partition, work_item)
 
 TILE_N = gl.constexpr(32)     # KV tokens per tile (see the module docstring)
@@ -85,11 +85,7 @@ def _widen_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, raw_
                      q_smem, raw_smem, kv_smem, rope_smem, q_ready, raw_ready, kv_ready, kv_empty,
                      PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr):
     batch, kv_start, kv_end, slot = work_item(work_ptr)
-    row_block = gl.program_id(0)
-    mbarrier.expect(q_ready, NUM_BOXES * q_desc.block_type.nbytes)
-    for c in gl.static_range(NUM_BOXES):
-        tma.async_copy_global_to_shared(q_desc, [batch, row_block * BLOCK_M, c * BOX], q_ready,
-                                        q_smem.index(c))
+    load_q(q_desc, q_smem, q_ready, batch)
     page_row = page_table_ptr + batch.to(gl.int64) * stride_page_table_b
     num_tiles = gl.cdiv(kv_end - kv_start, TILE_N)
     for j in range(gl.minimum(RAW_STAGES, num_tiles)):
@@ -133,33 +129,13 @@ def mla_sm90_fp8_partial_kernel(
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DESCALE: gl.constexpr,
     PV_REGS: gl.constexpr, WIDEN_REGS: gl.constexpr,
 ):
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape, q_desc.layout)
+    (q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty, kv_ready,
+     kv_empty) = allocate_state(q_desc, NUM_STAGES, TILE_N)
     raw_smem = gl.allocate_shared_memory(raw_desc.dtype, [RAW_STAGES * NUM_BOXES] + raw_desc.block_type.shape,
                                          raw_desc.layout)
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, TILE_N, BOX], dtype)
-    kv_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * V_BOXES, 1, TILE_N, BOX], tile_layout)
-    rope_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, TILE_N, BOX], tile_layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype))
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     raw_ready = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES * NUM_BOXES, 1],
-                                         mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_empty, count=1)
     for i in gl.static_range(RAW_STAGES):
         mbarrier.init(raw_ready.index(i), count=1)
-    for i in gl.static_range(NUM_STAGES):
-        for c in gl.static_range(NUM_BOXES):
-            mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
 
     gl.warp_specialize([
         (softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
@@ -180,28 +156,13 @@ def mla_sm90_fp8_partial_kernel(
 def mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
                         softmax_scale: float) -> KernelLaunch:
     """The partial-kernel launch for an e4m3 cache that mla_sm90.supports() accepted."""
-    batch, q_len, num_heads, _ = q.shape
-    num_rows = q_len * num_heads
+    # bf16: the widened values are 2^-120 x the cache's (_E4M3_TO_BF16_ASM); the scales undo it.
     widen_scale = BF16_WIDEN_SCALE if q.dtype == torch.bfloat16 else 1.0
-    q_layout = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M.value, BOX.value], GL_DTYPES[q.dtype])
-    raw_layout = gl.NVMMASharedLayout.get_default_for([1, TILE_N.value, BOX.value],
-                                                      GL_DTYPES[kv_cache.dtype])
-    # q as [batch, rows, 576]: TMA zero-fills rows past H·q_len.
-    q_desc = TensorDescriptor(q, [batch, num_rows, q.shape[3]], [q.stride(0), q.stride(2), 1],
-                              [1, BLOCK_M.value, BOX.value], q_layout)
-    raw_desc = TensorDescriptor(kv_cache, list(kv_cache.shape),
-                                [kv_cache.stride(0), kv_cache.stride(1), 1],
-                                [1, TILE_N.value, BOX.value], raw_layout)
-    args = dict(
-        work_ptr=plan.work, seq_lens_ptr=seq_lens, page_table_ptr=page_table,
-        q_desc=q_desc, raw_desc=raw_desc, out_ptr=out, lse_ptr=lse,
-        partial_out_ptr=plan.partial_out, partial_lse_ptr=plan.partial_lse,
-        kv_descale_ptr=kv_descale if kv_descale is not None else seq_lens,
-        stride_page_table_b=page_table.stride(0),
-        stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        num_heads=num_heads, q_len=q_len, num_rows=num_rows,
-        softmax_scale_log2=softmax_scale * LOG2_E * widen_scale, output_scale=widen_scale,
-    )
+    args = common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale * widen_scale)
+    args.update(raw_desc=kv_descriptor(kv_cache, TILE_N.value, GL_DTYPES[kv_cache.dtype]),
+                kv_descale_ptr=kv_descale if kv_descale is not None else seq_lens,
+                output_scale=widen_scale)
+    num_rows = args["num_rows"]
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
                       HAS_DESCALE=kv_descale is not None, PV_REGS=PV_REGS,
                       WIDEN_REGS=WIDEN_REGS)
