@@ -2,7 +2,8 @@
 variables read at launch time (TILEATTN_MLA_KERNEL=triton|gluon, TILEATTN_MLA_PREFETCH=n),
 given as JSON in $MLA_AB_VARIANTS ({"name": {"VAR": "value"}}; set every variable in every
 variant, since they persist; "" unsets one). Outputs are compared with the first variant's, times taken
-with do_bench (median), JSON written under $OUT.
+with do_bench (median; MLA_AB_GRAPH=1: do_bench_cudagraph, for small batches where the eager
+time is host overhead), JSON written under $OUT.
 Usage: python benchmarks/mla_sm90_ab.py [batch:seq:heads[:q_len][:bf16|fp8] ...]"""
 
 import json
@@ -54,7 +55,10 @@ def main(shapes):
                     os.environ.pop(name, None)
             outs[schedule] = call().float()
             torch.cuda.synchronize()
-            ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
+            if os.environ.get("MLA_AB_GRAPH") == "1":
+                ms = triton.testing.do_bench_cudagraph(call, rep=200, return_mode="median")
+            else:
+                ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
             kv_bytes = batch * seq_len * 576 * kv.element_size()
             flops = 2 * heads * q_len * 1088 * batch * seq_len
             row[schedule] = dict(ms=ms, copy_fraction=kv_bytes / ms / 1e6 / copy, tflops=flops / ms / 1e9)

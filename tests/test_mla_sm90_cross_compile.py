@@ -12,11 +12,11 @@ instruction (the integer bit move of mla_sm90_fp8.py). Also checks the partial-k
 from .compile_helpers import run_without_interpreter
 
 CHILD = r'''
-import dataclasses, json, os, re, subprocess, tempfile, torch, triton
+import json, os, re, subprocess, tempfile, torch, triton
 from tileattn import scheduler
 from tileattn.api import mla_kernel_for
 from tileattn.arch import arch_for_capability
-from tileattn.kernels import mla_decode as mla, mla_decode_policy, mla_sm90
+from tileattn.kernels import mla_decode as mla, mla_sm90
 from tileattn.kernels.cross_compile import cross_compile_sm90
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -77,9 +77,6 @@ for choice in ("auto", "triton", "gluon"):
                          "dup_qk": dict(num_heads=128, q_len=1, schedule="dup_qk")}.items():
         q, kv, page_table, seq_lens, out, lse, plan = inputs(**kwargs)
         dispatch[f"{choice}-{name}"] = mla_kernel_for(SM90, q, kv, plan)
-        if name in ("h128", "dup_qk"):  # the same plan for a batch of 2^18 keys
-            big = dataclasses.replace(plan, total_keys=mla_decode_policy.GLUON_MIN_KEYS)
-            dispatch[f"{choice}-{name}-big"] = mla_kernel_for(SM90, q, kv, big)
 print(json.dumps({"rows": rows, "dispatch": dispatch}))
 '''
 
@@ -95,19 +92,19 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
         assert (row["l2_prefetch"] > 0) == name.startswith(("h128", "h64-q2")), (name, row)
     assert result["rows"]["fp8-h64-bfloat16"]["f2f_bf16"] == 0   # widened by integer ops
     dispatch = result["dispatch"]
-    # auto: Gluon for split_dv plans of at least GLUON_MIN_KEYS keys (small batches lost).
-    assert dispatch["auto-h128"] == "triton"
-    assert dispatch["auto-h128-big"] == ("gluon" if _gluon_by_default() else "triton")
-    assert dispatch["auto-dup_qk-big"] == "triton"
-    assert dispatch["gluon-h128-big"] == "gluon" and dispatch["triton-h128-big"] == "triton"
+    # auto: Gluon for every split_dv plan it supports (it won at every batch size measured).
+    gluon = "gluon" if _gluon_by_default() else "triton"
+    assert dispatch["auto-h128"] == gluon and dispatch["auto-h32"] == gluon
+    assert dispatch["auto-fp8"] == gluon
+    assert dispatch["auto-dup_qk"] == "triton"
     assert all(v == "triton" for k, v in dispatch.items() if k.startswith("triton-"))
     assert dispatch["gluon-h128"] == "gluon"
     assert dispatch["gluon-h16q4"] == "gluon"       # 64 rows from 16 heads x 4 tokens
     assert dispatch["gluon-fp8"] == "gluon"         # e4m3 cache: mla_sm90_fp8.py
     assert dispatch["gluon-h32"] == "gluon"         # 32 rows, padded to 64
-    assert dispatch["auto-h32"] == "triton"         # a 2-sequence plan: too few work items
-    for fallback in ("h16", "page16"):              # < 64 rows, page_size 16
-        assert dispatch[f"gluon-{fallback}"] == "triton", fallback
+    for fallback in ("h16", "page16"):              # < 32 rows, page_size 16
+        for choice in ("auto", "gluon"):
+            assert dispatch[f"{choice}-{fallback}"] == "triton", (choice, fallback)
 
 
 def _gluon_by_default() -> bool:

@@ -124,6 +124,7 @@ class MLAPlan:
     num_slots: int
     max_seq_len: int
     total_keys: int = 0         # sum of seq_lens
+    max_slots_per_seq: int = 0  # the most slots one sequence owns (0: every sequence has one item)
     config: _Any = None         # the kernel config the chunks were sized for
 
 
@@ -177,4 +178,5 @@ def make_mla_plan(seq_lens: list[int], *, num_heads: int, q_len: int, page_size:
         batch=len(seq_lens), num_heads=num_heads, q_len=q_len, page_size=page_size,
         kv_dtype=kv_dtype, chunk_size=chunk, num_work=len(work), num_slots=num_slots,
         max_seq_len=max(seq_lens), total_keys=sum(seq_lens), config=config,
+        max_slots_per_seq=max(b - a for a, b in zip(batch_slots, batch_slots[1:])),
     )

@@ -30,6 +30,7 @@ def mla_decode_combine_kernel(
     stride_ob, stride_os, stride_oh,
     num_heads, num_rows,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
+    ONE_STEP: tl.constexpr,
 ):
     """Program (sequence, BLOCK_R rows, BLOCK_D output columns). Two passes over the slots,
     SLOTS_PER_STEP at a time: the rows' largest LSE, then the weighted sum. Loads of one step
@@ -44,27 +45,42 @@ def mla_decode_combine_kernel(
         row_valid = offs_r < num_rows
         offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
         offs_s = tl.arange(0, SLOTS_PER_STEP)
-        m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-        for first in range(slot_start, slot_end, SLOTS_PER_STEP):
-            slots = first + offs_s
-            valid = (slots < slot_end)[:, None] & row_valid[None, :]
-            # slot · num_rows fits int32; the ×512 below needs int64.
-            slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
-            lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
-            m_i = tl.maximum(m_i, tl.max(lse_s, axis=0))
-        m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for first in range(slot_start, slot_end, SLOTS_PER_STEP):
-            slots = first + offs_s
+        if ONE_STEP:
+            # Every sequence has at most SLOTS_PER_STEP slots: both loads are issued at once
+            # and the largest LSE comes from the same registers.
+            slots = slot_start + offs_s
             valid = (slots < slot_end)[:, None] & row_valid[None, :]
             slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
             lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
-            weight = tl.exp(lse_s - m_safe[None, :])
             out_s = tl.load(partial_out_ptr + slot_rows[:, :, None] * 512 + offs_d[None, None, :],
                             mask=valid[:, :, None], other=0.0)
-            acc += tl.sum(out_s * weight[:, :, None], axis=0)
-            l_i += tl.sum(weight, axis=0)
+            m_i = tl.max(lse_s, axis=0)
+            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+            weight = tl.exp(lse_s - m_safe[None, :])
+            acc = tl.sum(out_s * weight[:, :, None], axis=0)
+            l_i = tl.sum(weight, axis=0)
+        else:
+            m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+            for first in range(slot_start, slot_end, SLOTS_PER_STEP):
+                slots = first + offs_s
+                valid = (slots < slot_end)[:, None] & row_valid[None, :]
+                # slot · num_rows fits int32; the ×512 below needs int64.
+                slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
+                lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
+                m_i = tl.maximum(m_i, tl.max(lse_s, axis=0))
+            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+            acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+            for first in range(slot_start, slot_end, SLOTS_PER_STEP):
+                slots = first + offs_s
+                valid = (slots < slot_end)[:, None] & row_valid[None, :]
+                slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
+                lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
+                weight = tl.exp(lse_s - m_safe[None, :])
+                out_s = tl.load(partial_out_ptr + slot_rows[:, :, None] * 512 + offs_d[None, None, :],
+                                mask=valid[:, :, None], other=0.0)
+                acc += tl.sum(out_s * weight[:, :, None], axis=0)
+                l_i += tl.sum(weight, axis=0)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         token = offs_r // num_heads
         head = offs_r % num_heads
@@ -79,11 +95,17 @@ def mla_decode_combine_kernel(
 
 COMBINE_ROWS = 16
 COMBINE_COLUMNS = 32      # 16 programs per row block share the 512 output columns
-COMBINE_SLOTS_PER_STEP = 16
+COMBINE_MAX_SLOTS_PER_STEP = 64
+COMBINE_WARPS = 4
 
 
-def combine_launches(q, out, lse, plan) -> list[KernelLaunch]:
-    """The combine launch where some sequence has several work items (none otherwise)."""
+def combine_launches(q, out, lse, plan, *, rows: int = COMBINE_ROWS,
+                     columns: int = COMBINE_COLUMNS, max_slots_per_step: int = COMBINE_MAX_SLOTS_PER_STEP,
+                     num_warps: int = COMBINE_WARPS) -> list[KernelLaunch]:
+    """The combine launch where some sequence has several work items (none otherwise). A step
+    takes the plan's most slots per sequence, rounded up to a power of two, up to
+    max_slots_per_step; where that covers every sequence the kernel makes one pass (ONE_STEP).
+    The keyword arguments are for tuning runs (benchmarks/mla_combine_sweep.py)."""
     batch, q_len, num_heads, _ = q.shape
     num_rows = q_len * num_heads
     launches = []
@@ -93,8 +115,11 @@ def combine_launches(q, out, lse, plan) -> list[KernelLaunch]:
             batch_slots_ptr=plan.batch_slots, out_ptr=out, lse_ptr=lse,
             stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
             num_heads=num_heads, num_rows=num_rows)
-        grid = (batch, -(-num_rows // COMBINE_ROWS), 512 // COMBINE_COLUMNS)
+        most = plan.max_slots_per_seq or plan.num_slots   # num_slots bounds it
+        slots = min(max_slots_per_step, 1 << (most - 1).bit_length())
+        grid = (batch, -(-num_rows // rows), 512 // columns)
         launches.append(KernelLaunch(mla_decode_combine_kernel, grid, combine_args,
-                                     dict(BLOCK_R=COMBINE_ROWS, BLOCK_D=COMBINE_COLUMNS,
-                                          SLOTS_PER_STEP=COMBINE_SLOTS_PER_STEP), 4, 1))
+                                     dict(BLOCK_R=rows, BLOCK_D=columns, SLOTS_PER_STEP=slots,
+                                          ONE_STEP=most <= slots),
+                                     num_warps, 1))
     return launches
