@@ -20,8 +20,9 @@ for step in "$@"; do
         ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:mla_decode_partial \
           --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
           --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
+          --metrics sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio \
           python3 benchmarks/mla_profile.py ${shape//:/ } > "$OUT/ncu-mla-${shape//:/-}.txt" 2>&1
-        grep -E "Duration|Throughput|Warp Cycles Per Issued|Issue Slots|Stall|Achieved Occupancy|Registers Per|Shared Memory Config|Block Limit|One or More|No Eligible|L1/TEX Hit|L2 Hit" "$OUT/ncu-mla-${shape//:/-}.txt" | head -40
+        grep -E "Duration|Throughput|Warp Cycles Per Issued|Issue Slots|Stall|Achieved Occupancy|Registers Per|Shared Memory Config|Block Limit|One or More|No Eligible|L1/TEX Hit|L2 Hit|pipe_|stalled|wavefronts" "$OUT/ncu-mla-${shape//:/-}.txt" | head -60
       done ;;
     prefillprofile) for shape in $(echo "${PREFILL_PROFILE:-128:fp8e4m3-vT:16384:0:portable}" | tr , ' '); do
         ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:attention|fmha|sdpa|cudnn|flash" \

@@ -1,11 +1,13 @@
 """A/B of MLA kernel variants on the same inputs and plan. A variant is a set of environment
 variables read at launch time (TILEATTN_MLA_KERNEL=triton|gluon, TILEATTN_MLA_PREFETCH=n),
 given as JSON in $MLA_AB_VARIANTS ({"name": {"VAR": "value"}}; set every variable in every
-variant, since they persist; "" unsets one). Outputs are compared with the first variant's, times taken
+variant, since they persist; "" unsets one); the pseudo-variable MIN_CHUNK=n plans with the
+chip's config but that min_chunk (fewest keys per split-KV work item). Outputs are compared with the first variant's, times taken
 with do_bench (median; MLA_AB_GRAPH=1: do_bench_cudagraph, for small batches where the eager
 time is host overhead), JSON written under $OUT.
 Usage: python benchmarks/mla_sm90_ab.py [batch:seq:heads[:q_len][:bf16|fp8] ...]"""
 
+import dataclasses
 import json
 import math
 import os
@@ -15,6 +17,7 @@ import torch
 import triton
 
 import tileattn
+from tileattn.api import plan_for_config
 from tileattn.bench.common import copy_gbps, device_facts, spin_up
 from tileattn.bench.mla import _make_cache
 
@@ -41,14 +44,23 @@ def main(shapes):
         kv, page_table, descale = _make_cache(batch, seq_len, 64, kv_name, device, gen)
         q = torch.randn(batch, q_len, heads, 576, device=device, generator=gen, dtype=torch.bfloat16)
         seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
-        plan = tileattn.mla_plan(seq_lens, num_heads=heads, q_len=q_len, page_size=64,
-                                 kv_dtype=kv.dtype, device=device)
-        call = lambda: tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=1 / math.sqrt(192),
-                                           kv_descale=descale, plan=plan)
+        base_plan = tileattn.mla_plan(seq_lens, num_heads=heads, q_len=q_len, page_size=64,
+                                      kv_dtype=kv.dtype, device=device)
         outs, row = {}, dict(batch=batch, seq_len=seq_len, heads=heads, q_len=q_len,
-                             kv_dtype=kv_name, num_work=plan.num_work)
+                             kv_dtype=kv_name, num_work=base_plan.num_work)
         for schedule, env in VARIANTS.items():
+            plan = base_plan
+            if env.get("MIN_CHUNK"):
+                config = dataclasses.replace(base_plan.config, min_chunk=int(env["MIN_CHUNK"]))
+                plan = plan_for_config([seq_len] * batch, config, num_heads=heads, q_len=q_len,
+                                       page_size=64, kv_dtype=kv.dtype, device=device)
+            row[schedule + "_num_work"] = plan.num_work
+            call = lambda plan=plan: tileattn.mla_decode(
+                q, kv, page_table, seq_lens, softmax_scale=1 / math.sqrt(192), kv_descale=descale,
+                plan=plan)
             for name, value in env.items():   # "" unsets: the library's default
+                if name == "MIN_CHUNK":
+                    continue
                 if value:
                     os.environ[name] = value
                 else:

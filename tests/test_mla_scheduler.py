@@ -94,3 +94,24 @@ def test_config_table_rules_out_a_one_warpgroup_64_row_block():
         MLAConfig("split_dv", 64, 64, 1, 4, 2, 128)
     MLAConfig("split_dv", 32, 64, 1, 4, 2, 128)  # <= 32 rows on 4 warps is the sm90 small row
     MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128)    # half the V columns: half the accumulator
+
+
+def test_splits_per_sequence_are_capped():
+    """max_items_per_seq lengthens the chunk so no sequence owns more slots than that (the
+    combine's one-pass limit), at the cost of fewer items than SMs."""
+    lengths = [32768]
+    free = scheduler.make_mla_plan(lengths, num_heads=64, q_len=1, page_size=64,
+                                   kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
+                                   num_sms=132, block_n=64, min_chunk=128, device="cpu")
+    capped = scheduler.make_mla_plan(lengths, num_heads=64, q_len=1, page_size=64,
+                                     kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
+                                     num_sms=132, block_n=64, min_chunk=128, device="cpu",
+                                     max_items_per_seq=64)
+    assert free.max_slots_per_seq == 128 and capped.max_slots_per_seq == 64
+    assert capped.chunk_size == 512 and capped.chunk_size % 64 == 0
+    # Short sequences keep the fair-share chunk.
+    short = scheduler.make_mla_plan([8192], num_heads=64, q_len=1, page_size=64,
+                                    kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
+                                    num_sms=132, block_n=64, min_chunk=128, device="cpu",
+                                    max_items_per_seq=64)
+    assert short.chunk_size == 128 and short.max_slots_per_seq == 64

@@ -129,16 +129,20 @@ class MLAPlan:
 
 
 def mla_chunk_size(seq_lens: list[int], *, programs_per_item: int, num_sms: int,
-                   block_n: int, min_chunk: int) -> int:
-    """Keys per work item: enough items for one wave over every SM, none shorter than min_chunk.
+                   block_n: int, min_chunk: int, max_items_per_seq: int | None = None) -> int:
+    """Keys per work item: enough items for one wave over every SM, none shorter than min_chunk,
+    and (with max_items_per_seq) no sequence cut into more items than that.
 
     Equal chunks keep mixed lengths balanced: a long sequence becomes many items of the same
     size as everyone else's, and the hardware scheduler hands them to idle SMs. Chunks are
-    whole KV tiles so only a sequence's last tile needs bounds masks.
+    whole KV tiles so only a sequence's last tile needs bounds masks. The cap bounds the
+    partial results a sequence writes and the combine reads back (rows x 512 fp32 per item).
     """
     total = sum(seq_lens)
     per_sm = -(-total * programs_per_item // num_sms)
     chunk = max(min_chunk, per_sm, 1)
+    if max_items_per_seq:
+        chunk = max(chunk, -(-max(seq_lens) // max_items_per_seq))
     return -(-chunk // block_n) * block_n
 
 
@@ -163,9 +167,11 @@ def split_mla_work(seq_lens: list[int], chunk_size: int) -> tuple[list[tuple[int
 
 def make_mla_plan(seq_lens: list[int], *, num_heads: int, q_len: int, page_size: int,
                   kv_dtype: _torch.dtype, head_dim_v: int, programs_per_item: int,
-                  num_sms: int, block_n: int, min_chunk: int, device, config=None) -> MLAPlan:
+                  num_sms: int, block_n: int, min_chunk: int, device, config=None,
+                  max_items_per_seq: int | None = None) -> MLAPlan:
     chunk = mla_chunk_size(seq_lens, programs_per_item=programs_per_item, num_sms=num_sms,
-                           block_n=block_n, min_chunk=min_chunk)
+                           block_n=block_n, min_chunk=min_chunk,
+                           max_items_per_seq=max_items_per_seq)
     work, batch_slots = split_mla_work(seq_lens, chunk)
     num_slots = batch_slots[-1]
     num_rows = q_len * num_heads

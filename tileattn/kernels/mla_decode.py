@@ -42,7 +42,7 @@ import triton.language as tl
 from ..arch import Arch
 from . import interpreter_active
 from .cross_compile import KernelLaunch
-from .mla_decode_combine import combine_launches
+from .mla_decode_combine import COMBINE_MAX_SLOTS_PER_STEP, combine_launches
 from .softmax import online_softmax_probs
 
 HEAD_DIM_NOPE = 512   # latent width; also V's width
@@ -379,6 +379,13 @@ def mla_decode_partial_kernel(
 # Work items run on grid axis 1 (the programs of one item are adjacent on axis 0), and CUDA
 # caps that axis at 65535 blocks; api.mla_plan refuses plans with more.
 MAX_WORK_ITEMS = 65535
+# The most work items (split-KV slots) a plan cuts one sequence into: the combine merges up to
+# this many in one pass, and each item writes and the combine reads rows x 512 fp32. H100
+# (results/2026-11-23-h100-session7/mla-ab-min-chunk.json, graph replay): batch 1 seq 32768
+# H64 in 128 items of 256 keys 0.0419 ms, in 64 of 512 0.0349 ms. At seq 8192, 64 items of 128
+# keys beat 32 of 256 at H16/H32/H64 (0.0178/0.0166/0.0180 vs 0.0216/0.0175/0.0184 ms) and lost
+# at H128 (0.0221 vs 0.0199); min_chunk stays 128.
+MAX_SPLITS_PER_SEQ = COMBINE_MAX_SLOTS_PER_STEP
 
 
 def kv_widen_mode(arch: Arch, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
