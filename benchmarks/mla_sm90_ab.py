@@ -2,7 +2,8 @@
 variables read at launch time (TILEATTN_MLA_KERNEL=triton|gluon, TILEATTN_MLA_PREFETCH=n),
 given as JSON in $MLA_AB_VARIANTS ({"name": {"VAR": "value"}}; set every variable in every
 variant, since they persist; "" unsets one); the pseudo-variable MIN_CHUNK=n plans with the
-chip's config but that min_chunk (fewest keys per split-KV work item). Outputs are compared with the first variant's, times taken
+chip's config but that min_chunk (fewest keys per split-KV work item), MAX_SPLITS=n with that
+cap on work items per sequence (0: none; mla_decode.MAX_SPLITS_PER_SEQ). Outputs are compared with the first variant's, times taken
 with do_bench (median; MLA_AB_GRAPH=1: do_bench_cudagraph, for small batches where the eager
 time is host overhead), JSON written under $OUT.
 Usage: python benchmarks/mla_sm90_ab.py [batch:seq:heads[:q_len][:bf16|fp8] ...]"""
@@ -18,11 +19,13 @@ import triton
 
 import tileattn
 from tileattn.api import plan_for_config
+from tileattn.kernels import mla_decode as mla_kernels
 from tileattn.bench.common import copy_gbps, device_facts, spin_up
 from tileattn.bench.mla import _make_cache
 
 SHAPES = ["768:2048:128", "768:2048:64", "128:8192:128", "768:1024:64", "32:8192:64",
           "768:2048:32:2", "768:1024:128"]
+default_cap = mla_kernels.MAX_SPLITS_PER_SEQ
 VARIANTS = json.loads(os.environ.get("MLA_AB_VARIANTS", json.dumps({
     "gluon": {"TILEATTN_MLA_KERNEL": "gluon", "TILEATTN_MLA_PREFETCH": ""},
     "gluon-no-prefetch": {"TILEATTN_MLA_KERNEL": "gluon", "TILEATTN_MLA_PREFETCH": "0"},
@@ -50,16 +53,19 @@ def main(shapes):
                              kv_dtype=kv_name, num_work=base_plan.num_work)
         for schedule, env in VARIANTS.items():
             plan = base_plan
-            if env.get("MIN_CHUNK"):
-                config = dataclasses.replace(base_plan.config, min_chunk=int(env["MIN_CHUNK"]))
+            if env.get("MIN_CHUNK") or env.get("MAX_SPLITS"):
+                mla_kernels.MAX_SPLITS_PER_SEQ = int(env.get("MAX_SPLITS") or default_cap) or None
+                config = dataclasses.replace(base_plan.config, min_chunk=int(
+                    env.get("MIN_CHUNK") or base_plan.config.min_chunk))
                 plan = plan_for_config([seq_len] * batch, config, num_heads=heads, q_len=q_len,
                                        page_size=64, kv_dtype=kv.dtype, device=device)
+                mla_kernels.MAX_SPLITS_PER_SEQ = default_cap
             row[schedule + "_num_work"] = plan.num_work
             call = lambda plan=plan: tileattn.mla_decode(
                 q, kv, page_table, seq_lens, softmax_scale=1 / math.sqrt(192), kv_descale=descale,
                 plan=plan)
             for name, value in env.items():   # "" unsets: the library's default
-                if name == "MIN_CHUNK":
+                if name in ("MIN_CHUNK", "MAX_SPLITS"):
                     continue
                 if value:
                     os.environ[name] = value

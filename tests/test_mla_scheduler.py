@@ -98,7 +98,7 @@ def test_config_table_rules_out_a_one_warpgroup_64_row_block():
 
 def test_splits_per_sequence_are_capped():
     """max_items_per_seq lengthens the chunk so no sequence owns more slots than that (the
-    combine's one-pass limit), at the cost of fewer items than SMs."""
+    combine's one-pass limit), up to capped_chunk_limit keys."""
     lengths = [32768]
     free = scheduler.make_mla_plan(lengths, num_heads=64, q_len=1, page_size=64,
                                    kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
@@ -106,12 +106,18 @@ def test_splits_per_sequence_are_capped():
     capped = scheduler.make_mla_plan(lengths, num_heads=64, q_len=1, page_size=64,
                                      kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
                                      num_sms=132, block_n=64, min_chunk=128, device="cpu",
-                                     max_items_per_seq=64)
+                                     max_items_per_seq=64, capped_chunk_limit=512)
     assert free.max_slots_per_seq == 128 and capped.max_slots_per_seq == 64
     assert capped.chunk_size == 512 and capped.chunk_size % 64 == 0
     # Short sequences keep the fair-share chunk.
     short = scheduler.make_mla_plan([8192], num_heads=64, q_len=1, page_size=64,
                                     kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
                                     num_sms=132, block_n=64, min_chunk=128, device="cpu",
-                                    max_items_per_seq=64)
+                                    max_items_per_seq=64, capped_chunk_limit=512)
     assert short.chunk_size == 128 and short.max_slots_per_seq == 64
+    # A very long sequence keeps more items rather than chunks past the limit.
+    long = scheduler.make_mla_plan([131072], num_heads=16, q_len=1, page_size=64,
+                                   kv_dtype=torch.bfloat16, head_dim_v=512, programs_per_item=1,
+                                   num_sms=264, block_n=64, min_chunk=128, device="cpu",
+                                   max_items_per_seq=64, capped_chunk_limit=512)
+    assert long.chunk_size == 512 and long.num_work == 256

@@ -347,7 +347,8 @@ def plan_for_config(lengths: list[int], config, *, num_heads, q_len, page_size, 
         programs_per_item=mla_kernels.programs_per_work_item(config, num_heads * q_len),
         num_sms=num_sms(device) * config.programs_per_sm, block_n=config.block_n,
         min_chunk=config.min_chunk, device=device, config=config,
-        max_items_per_seq=mla_kernels.MAX_SPLITS_PER_SEQ)
+        max_items_per_seq=mla_kernels.MAX_SPLITS_PER_SEQ,
+        capped_chunk_limit=mla_kernels.SPLIT_CAP_MAX_CHUNK)
     if plan.num_work > mla_kernels.MAX_WORK_ITEMS:
         raise ValueError(f"seq_lens holds {len(lengths)} sequences, which split into "
                          f"{plan.num_work} work items; at most {mla_kernels.MAX_WORK_ITEMS} "

@@ -129,9 +129,11 @@ class MLAPlan:
 
 
 def mla_chunk_size(seq_lens: list[int], *, programs_per_item: int, num_sms: int,
-                   block_n: int, min_chunk: int, max_items_per_seq: int | None = None) -> int:
+                   block_n: int, min_chunk: int, max_items_per_seq: int | None = None,
+                   capped_chunk_limit: int = 0) -> int:
     """Keys per work item: enough items for one wave over every SM, none shorter than min_chunk,
-    and (with max_items_per_seq) no sequence cut into more items than that.
+    and (with max_items_per_seq) no sequence cut into more items than that, unless that would
+    take the chunk past capped_chunk_limit keys.
 
     Equal chunks keep mixed lengths balanced: a long sequence becomes many items of the same
     size as everyone else's, and the hardware scheduler hands them to idle SMs. Chunks are
@@ -142,7 +144,7 @@ def mla_chunk_size(seq_lens: list[int], *, programs_per_item: int, num_sms: int,
     per_sm = -(-total * programs_per_item // num_sms)
     chunk = max(min_chunk, per_sm, 1)
     if max_items_per_seq:
-        chunk = max(chunk, -(-max(seq_lens) // max_items_per_seq))
+        chunk = max(chunk, min(-(-max(seq_lens) // max_items_per_seq), capped_chunk_limit))
     return -(-chunk // block_n) * block_n
 
 
@@ -168,10 +170,11 @@ def split_mla_work(seq_lens: list[int], chunk_size: int) -> tuple[list[tuple[int
 def make_mla_plan(seq_lens: list[int], *, num_heads: int, q_len: int, page_size: int,
                   kv_dtype: _torch.dtype, head_dim_v: int, programs_per_item: int,
                   num_sms: int, block_n: int, min_chunk: int, device, config=None,
-                  max_items_per_seq: int | None = None) -> MLAPlan:
+                  max_items_per_seq: int | None = None, capped_chunk_limit: int = 0) -> MLAPlan:
     chunk = mla_chunk_size(seq_lens, programs_per_item=programs_per_item, num_sms=num_sms,
                            block_n=block_n, min_chunk=min_chunk,
-                           max_items_per_seq=max_items_per_seq)
+                           max_items_per_seq=max_items_per_seq,
+                           capped_chunk_limit=capped_chunk_limit)
     work, batch_slots = split_mla_work(seq_lens, chunk)
     num_slots = batch_slots[-1]
     num_rows = q_len * num_heads

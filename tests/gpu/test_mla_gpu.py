@@ -76,7 +76,8 @@ def test_single_long_sequence_splits_across_sms():
     inputs = make_inputs([32768], 16, 1, 64, torch.bfloat16, torch.bfloat16)
     q, kv, page_table, seq_lens, descale = inputs
     plan = tileattn.mla_plan(seq_lens, num_heads=16, page_size=64, kv_dtype=kv.dtype, device="cuda")
-    assert plan.num_work > 64
+    # As many items as one combine pass merges (MAX_SPLITS_PER_SEQ), not one per SM.
+    assert plan.num_work == plan.num_slots == 64
     out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE, plan=plan,
                                    return_lse=True)
     check(out, lse, *inputs)

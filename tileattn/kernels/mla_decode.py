@@ -379,12 +379,16 @@ def mla_decode_partial_kernel(
 # Work items run on grid axis 1 (the programs of one item are adjacent on axis 0), and CUDA
 # caps that axis at 65535 blocks; api.mla_plan refuses plans with more.
 MAX_WORK_ITEMS = 65535
-# The most work items (split-KV slots) a plan cuts one sequence into: the combine merges up to
-# this many in one pass, and each item writes and the combine reads rows x 512 fp32. H100
-# (results/2026-11-23-h100-session7/mla-ab-min-chunk.json, graph replay): batch 1 seq 32768
-# H64 in 128 items of 256 keys 0.0419 ms, in 64 of 512 0.0349 ms. At seq 8192, 64 items of 128
-# keys beat 32 of 256 at H16/H32/H64 (0.0178/0.0166/0.0180 vs 0.0216/0.0175/0.0184 ms) and lost
-# at H128 (0.0221 vs 0.0199); min_chunk stays 128.
+# The most work items (split-KV slots) a plan cuts one sequence into, while that keeps its items
+# at most SPLIT_CAP_MAX_CHUNK keys long: the combine merges up to 64 slots in one pass, and short
+# items pay their fixed cost (q load, rows x 512 fp32 written and read back) on few keys. H100,
+# batch 1, graph replay (results/2026-11-23-h100-session7/mla-ab-min-chunk.json, mla-ab-cap.json):
+# seq 32768 in 64 items of 512 keys vs 256 (H16/H32) or 128 (H64) shorter ones: H16 0.0378 vs
+# 0.0516 ms, H32 0.0309 vs 0.0572, H64 0.0345 vs 0.0415; but seq 131072 H16 in 64 items of 2048
+# keys 0.1258 vs 256 of 512 0.0944 (too few items for the SMs), hence the limit. At seq 8192 the
+# cap does not bind; there 64 items of 128 keys beat 32 of 256 at H16/H32/H64 (0.0178/0.0166/
+# 0.0180 vs 0.0216/0.0175/0.0184 ms) and lost at H128 (0.0221 vs 0.0199): min_chunk stays 128.
+SPLIT_CAP_MAX_CHUNK = 512
 MAX_SPLITS_PER_SEQ = COMBINE_MAX_SLOTS_PER_STEP
 
 
