@@ -32,10 +32,14 @@ def mla_decode_combine_kernel(
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
     ONE_STEP: tl.constexpr,
 ):
-    """Program (sequence, BLOCK_R rows, BLOCK_D output columns). Two passes over the slots,
-    SLOTS_PER_STEP at a time: the rows' largest LSE, then the weighted sum. Loads of one step
-    are independent, so a sequence split 64 ways is not 64 dependent load latencies (one
-    program per sequence took 85 us at batch 1, H100)."""
+    """Program (sequence, BLOCK_R rows, BLOCK_D output columns). With ONE_STEP (every
+    sequence has at most SLOTS_PER_STEP slots) one pass loads all slots' LSEs and outputs at
+    once; otherwise two passes over the slots, SLOTS_PER_STEP at a time: the rows' largest
+    LSE, then the weighted sum. Loads of one step are independent, so a sequence split 64 ways
+    is not 64 dependent load latencies (one program per sequence took 85 us at batch 1, H100).
+    H100 (results/2026-11-23-h100-session7/mla-combine-sweep.json): a fixed 16-slot step in
+    two passes took 38 us at batch 32 H64 with 4 slots a sequence (3/4 of each load masked,
+    low residency); the plan-sized one-pass step 6 us; 64 slots at batch 1: 11.6 -> 6.7 us."""
     batch = tl.program_id(0)
     slot_start = tl.load(batch_slots_ptr + batch)
     slot_end = tl.load(batch_slots_ptr + batch + 1)
@@ -93,6 +97,9 @@ def mla_decode_combine_kernel(
                      mask=row_valid)
 
 
+# Tile of one combine program. The same sweep: 16 rows x 32 columns with up to 64 slots a step
+# on 4 warps was fastest at every plan tried (batch 32 with 4/8 slots, batch 1 with 64); 64- or
+# 128-column blocks, 32/64-row blocks and 8 warps ran 1.3-20x slower (more values a thread).
 COMBINE_ROWS = 16
 COMBINE_COLUMNS = 32      # 16 programs per row block share the 512 output columns
 COMBINE_MAX_SLOTS_PER_STEP = 64
