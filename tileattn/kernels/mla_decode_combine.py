@@ -98,8 +98,9 @@ def mla_decode_combine_kernel(
 
 
 # Tile of one combine program. The same sweep: 16 rows x 32 columns with up to 64 slots a step
-# on 4 warps was fastest at every plan tried (batch 32 with 4/8 slots, batch 1 with 64); 64- or
-# 128-column blocks, 32/64-row blocks and 8 warps ran 1.3-20x slower (more values a thread).
+# on 4 warps was fastest or tied at every plan tried but one (batch 32 H64, 4 slots: 32 rows
+# 5.0 vs 6.0 us, but 109 vs 6.7 us at batch 1 with 64 slots); 64- or 128-column blocks and
+# 8 warps ran 1.3-20x slower (more values a thread).
 COMBINE_ROWS = 16
 COMBINE_COLUMNS = 32      # 16 programs per row block share the 512 output columns
 COMBINE_MAX_SLOTS_PER_STEP = 64
