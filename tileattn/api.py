@@ -329,9 +329,9 @@ def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, sched
                          f"tokens are in the cache, got seq_lens[{lengths.index(shortest)}] = {shortest}")
     arch = arch_of(device)
     if kv_dtype == torch.float8_e4m3fn and mla_decode_policy.fp8_cache_slower(arch, num_heads * q_len):
-        warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_heads * q_len} >= 64 runs "
+        warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_heads * q_len} >= 32 runs "
                       f"slower than a bf16 cache on {arch.name} today (on H100 about 1.05x the "
-                      f"bf16 time at 64 rows, 1.5x at 128; see README, MLA decode)",
+                      f"bf16 time at 32-64 rows, 1.5x at 128; see README, MLA decode)",
                       PerformanceWarning, stacklevel=2)
     config = mla_kernels.config_for(arch, schedule, num_heads * q_len)
     return plan_for_config(lengths, config, num_heads=num_heads, q_len=q_len,

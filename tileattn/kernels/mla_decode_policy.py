@@ -23,12 +23,15 @@ GLUON_BY_DEFAULT = True
 
 
 def fp8_cache_slower(arch: Arch, num_rows: int) -> bool:
-    """Where an FP8 cache measured slower than a 16-bit one: sm90 with H·q_len >= 64. Both run
-    Gluon kernels there, but the FP8 one widens e4m3 tiles of 32 keys in shared memory and is
-    bound by its consumers at that tile size (H100, results/2026-11-23-h100-session6/: 0.71 vs
-    0.68 ms at H64, 1.39 vs 0.94 ms at H128, batch 768 seq 2048; it was 1.8-2.2x on the Triton
-    kernel before). mla_plan warns there rather than leave a silent cliff."""
-    return arch.name == "sm90" and num_rows >= 64
+    """Where an FP8 cache measured slower than a 16-bit one: sm90 with H·q_len >= 32, where
+    both run Gluon kernels (32-63 rows padded to 64). The FP8 one widens e4m3 tiles of 32 keys
+    in shared memory and is bound by its consumers at that tile size. H100, FP8 time / bf16
+    time: batch 768 seq 2048 H64 0.71 / 0.68 ms, H128 1.39 / 0.94 (results/2026-11-23-h100-
+    session6/); session 7's grid (results/2026-11-23-h100-mla.json) H32 at batch 768 seq
+    2048/8192 1.06x/1.07x, batch 128 seq 8192 1.10x, batch 32 seq 8192 1.01x. (16 rows stay on
+    the Triton kernel, where FP8 is 1.3x faster from batch 32 up.) mla_plan warns there rather
+    than leave a silent cliff."""
+    return arch.name == "sm90" and num_rows >= 32
 
 
 def gluon_preferred(plan) -> bool:
