@@ -162,9 +162,9 @@ def test_fp8_v_is_made_k_major_where_the_arch_needs_it(monkeypatch):
     seen = {}
     real_launch = attention_fwd.attention_launch
 
-    def spy(q, k, v, *args):
+    def spy(q, k, v, *args, **kwargs):
         seen["v_stride_seq"] = v.stride(1)
-        return real_launch(q, k, v, *args[:-1], arch_module.CPU)
+        return real_launch(q, k, v, *args[:-1], arch_module.CPU, **kwargs)
 
     monkeypatch.setattr("tileattn.api.arch_of", lambda device: arch_module.arch_for_capability((9, 0)))
     monkeypatch.setattr(attention_fwd, "attention_launch", spy)

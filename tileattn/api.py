@@ -156,8 +156,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     arch = arch_of(q.device)
     given_v = v
     transposes_v = v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v)
+    group_v_keys = transposes_v and fp8.groups_v_keys(arch)
     if transposes_v:
-        v = fp8.prepare_v(v)
+        v = fp8.k_major_copy(v, group_v_keys)
     if is_fp8:
         # The kernel reads every descale; a missing one is 1.0.
         q_descale, k_descale, v_descale = (_unit_descale(q.device) if d is None else d
@@ -167,14 +168,15 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
     with on_device(q.device):
-        kernel = kernel_for(arch, q, k, v, causal)
+        kernel = "portable" if group_v_keys else kernel_for(arch, q, k, v, causal)
         if kernel == "sm90":
             from .kernels import attention_sm90
             launch = attention_sm90.attention_sm90_launch(
                 q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale, causal)
         else:
             launch = attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale,
-                                                    v_descale, softmax_scale, causal, arch)
+                                                    v_descale, softmax_scale, causal, arch,
+                                                    v_keys_grouped=group_v_keys)
         launch.run()
         if signature is not None:
             if kernel == "sm90":
@@ -182,7 +184,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
             else:
                 run_attention = attention_fwd.bind_attention(launch)
             _remember_call(signature, run_attention, q.device, given_v if transposes_v else None,
-                           out_shape, out_dtype, lse_shape, is_fp8, softmax_scale)
+                           out_shape, out_dtype, lse_shape, is_fp8, softmax_scale, group_v_keys)
     return (out, lse) if return_lse else out
 
 
@@ -214,7 +216,7 @@ def _call_signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_desc
     """The cache key of a call, or None for a call the cache does not take (anything but plain
     tensors; CPU tensors, which never launch through it)."""
     parts = [type(causal), causal, softmax_scale is None, out_dtype, return_lse,
-             os.environ.get("TILEATTN_KERNEL")]
+             os.environ.get("TILEATTN_KERNEL"), os.environ.get("TILEATTN_FP8_V_KEYS")]
     for x in (q, k, v, q_descale, k_descale, v_descale):
         if x is None:
             parts.append(None)
@@ -226,11 +228,12 @@ def _call_signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_desc
 
 
 def _remember_call(signature, run_attention, device, transposed_v, out_shape, out_dtype,
-                   lse_shape, is_fp8, default_scale) -> None:
+                   lse_shape, is_fp8, default_scale, group_v_keys=False) -> None:
     """Keep a call the checks passed, so later calls with its signature replay it.
     run_attention(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale) launches
     the chosen kernel (None: this launch cannot be replayed)."""
-    prepare_v = fp8.bind_prepare_v(transposed_v) if transposed_v is not None else None
+    prepare_v = (fp8.bind_prepare_v(transposed_v, group_v_keys) if transposed_v is not None
+                 else None)
     if run_attention is None or (transposed_v is not None and prepare_v is None):
         return
 

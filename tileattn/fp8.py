@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from .arch import FP8_DTYPES
+from .arch import FP8_DTYPES, Arch
 from .kernels.cross_compile import on_device
-from .kernels.layout import transpose_v_launch
+from .kernels.layout import grouped_seqlen, transpose_v_launch
 
 
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
@@ -51,24 +53,44 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
         return v
     if v.device.type != "cuda" or v.stride(3) != 1:
         return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    batch, seqlen, heads, head_dim = v.shape
-    out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
+    return k_major_copy(v)
+
+
+def groups_v_keys(arch: Arch) -> bool:
+    """Whether attention() writes the K-major copy of an FP8 V in grouped key order
+    (kernels/layout.py), so that the portable kernel feeds P to P @ V without a register
+    shuffle. wgmma chips only (on sm89's mma.sync the compiled conversion is the same either
+    way). Experimental and off until measured on a GPU: TILEATTN_FP8_V_KEYS=grouped turns it on;
+    never with TILEATTN_KERNEL=sm90, since the Hopper kernel reads V in natural key order."""
+    return (arch.has_wgmma and os.environ.get("TILEATTN_FP8_V_KEYS") == "grouped"
+            and os.environ.get("TILEATTN_KERNEL") != "sm90")
+
+
+def k_major_copy(v: torch.Tensor, group_keys: bool = False) -> torch.Tensor:
+    """V [B, S, H, D] (last dim contiguous) copied K-major by the transpose kernel; with
+    group_keys in grouped key order, its sequence dim padded with zero keys to a multiple of
+    32 in memory (the view still has S keys)."""
+    out = _k_major_buffer(v, group_keys)
     with on_device(v.device):
-        transpose_v_launch(v, out).run()
-    return out.permute(0, 3, 1, 2)
+        transpose_v_launch(v, out, group_keys).run()
+    return out[..., :v.shape[1]].permute(0, 3, 1, 2)
 
 
-def bind_prepare_v(v: torch.Tensor):
-    """prepare_v for later V tensors of v's shape, strides, dtype and alignment, with its launch
-    bound (api's call cache); None where it cannot be bound. Call prepare_v(v) once first."""
+def _k_major_buffer(v: torch.Tensor, group_keys: bool) -> torch.Tensor:
     batch, seqlen, heads, head_dim = v.shape
-    out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
-    bound = transpose_v_launch(v, out).bind()
+    seqlen_out = grouped_seqlen(seqlen) if group_keys else seqlen
+    return torch.empty((batch, heads, head_dim, seqlen_out), dtype=v.dtype, device=v.device)
+
+
+def bind_prepare_v(v: torch.Tensor, group_keys: bool = False):
+    """k_major_copy for later V tensors of v's shape, strides, dtype and alignment, with its
+    launch bound (api's call cache); None where it cannot be bound. Call it once first."""
+    bound = transpose_v_launch(v, _k_major_buffer(v, group_keys), group_keys).bind()
     if bound is None:
         return None
 
     def run(v: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
+        out = _k_major_buffer(v, group_keys)
         bound.run(v_ptr=v, out_ptr=out)
-        return out.permute(0, 3, 1, 2)
+        return out[..., :v.shape[1]].permute(0, 3, 1, 2)
     return run

@@ -77,11 +77,24 @@ def test_cached_launch_matches_triton_launch(dtype):
     assert torch.equal(fast, slow)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"D{d[0]}-{d[1]}")
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_grouped_v_keys(monkeypatch, dtype, head_dims, shape, causal):
+    """TILEATTN_FP8_V_KEYS=grouped (experimental): the in-call V copy in grouped key order and
+    the portable kernel's matching P order (kernels/layout.py), at real sizes."""
+    monkeypatch.setenv("TILEATTN_FP8_V_KEYS", "grouped")
+    run_and_check(shape, head_dims, dtype, causal)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
-def test_repeat_calls_replay_the_checked_launch(dtype):
+@pytest.mark.parametrize("v_keys", ["natural", "grouped"])
+def test_repeat_calls_replay_the_checked_launch(dtype, v_keys, monkeypatch):
     """A call with an earlier call's signature skips the checks and the launch setup (the
     call cache): it must still read this call's tensors, scale and descales, transpose this
     call's V, and write fresh outputs."""
+    monkeypatch.setenv("TILEATTN_FP8_V_KEYS", v_keys)
     api._CALLS.clear()
     qkv_shape = (2, 333, 8 + 2 + 2, 128)   # fused qkv: q strided, GQA 8 / 2
 
