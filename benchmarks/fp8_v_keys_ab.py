@@ -1,5 +1,6 @@
-"""A/B of the FP8 V key order (TILEATTN_FP8_V_KEYS=natural|grouped, kernels/layout.py) through
-attention(), V transposition included, same inputs, do_bench median; outputs compared.
+"""A/B of the FP8 V key order (TILEATTN_FP8_V_KEYS=natural|grouped, kernels/layout.py) on both
+forward kernels (TILEATTN_KERNEL=portable|sm90) through attention(), V transposition included,
+same inputs, do_bench median; outputs compared with the first variant's.
 Usage: python benchmarks/fp8_v_keys_ab.py; JSON under $OUT."""
 
 import json
@@ -11,6 +12,7 @@ import triton
 import tileattn
 from tileattn.bench.common import device_facts, spin_up
 
+VARIANTS = [(kernel, order) for kernel in ("portable", "sm90") for order in ("natural", "grouped")]
 POINTS = [(d, n, causal) for d in (64, 128, 256) for n in (1024, 4096, 16384)
           for causal in (False, True)]
 
@@ -27,19 +29,23 @@ def main():
         (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x) for x in (q, k, v))
         flops = 4 * batch * heads * seqlen * seqlen * head_dim // (2 if causal else 1)
         row, outs = dict(head_dim=head_dim, seqlen=seqlen, causal=causal), {}
-        for order in ("natural", "grouped"):
+        for kernel, order in VARIANTS:
             os.environ["TILEATTN_FP8_V_KEYS"] = order
+            os.environ["TILEATTN_KERNEL"] = kernel
+            name = f"{kernel}-{order}"
             call = lambda: tileattn.attention(q, k, v, causal=causal, q_descale=qd,
                                               k_descale=kd, v_descale=vd)
-            outs[order] = call().float()
+            outs[name] = call().float()
             ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
-            row[order] = dict(ms=ms, tflops=flops / ms / 1e9)
-        row["rel_diff"] = float((outs["grouped"] - outs["natural"]).norm() / outs["natural"].norm())
+            first = next(iter(outs.values()))
+            row[name] = dict(ms=ms, tflops=flops / ms / 1e9,
+                             rel_diff=float((outs[name] - first).norm() / first.norm()))
         rows.append(row)
-        print(f"D{head_dim} N{seqlen} {'causal' if causal else 'full'}: natural "
-              f"{row['natural']['tflops']:.0f} grouped {row['grouped']['tflops']:.0f} TFLOP/s "
-              f"(rel diff {row['rel_diff']:.1e})", flush=True)
-    os.environ.pop("TILEATTN_FP8_V_KEYS", None)
+        print(f"D{head_dim} N{seqlen} {'causal' if causal else 'full'}: " + "  ".join(
+            f"{name} {r['tflops']:.0f}{'' if r['rel_diff'] < 5e-2 else ' WRONG'}"
+            for name, r in row.items() if isinstance(r, dict)), flush=True)
+    for name in ("TILEATTN_FP8_V_KEYS", "TILEATTN_KERNEL"):
+        os.environ.pop(name, None)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "fp8-v-keys-ab.json"), "w") as f:
         json.dump(dict(device_facts(device), rows=rows), f, indent=1)
 

@@ -4,6 +4,8 @@ Proves each row fits 227 KB of shared memory, that the kernel runs on wgmma fed 
 P stays in registers (no shared-memory stores inside the key loop) and that no row spills.
 """
 
+import pytest
+
 from .compile_helpers import run_without_interpreter
 
 CHILD = r'''
@@ -18,13 +20,15 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn,
           "e5m2": torch.float8_e5m2}
 
-def compile_case(dtype_name, head_dim, causal, split=None):
+def compile_case(dtype_name, head_dim, causal, split=None, grouped=False):
     dtype = DTYPES[dtype_name]
     # seqlen_k a multiple of 16: K-major FP8 V has seqlen_k as a TMA stride.
     q = torch.empty(2, 1000, 4, head_dim, dtype=dtype)
     k = torch.empty(2, 1024, 2, head_dim, dtype=dtype)
     v = torch.empty_like(k)
-    if dtype.itemsize == 1:
+    if grouped:   # fp8.k_major_copy(v, group_keys=True)'s layout (its kernel needs a GPU here)
+        v = torch.empty(2, 2, head_dim, 1024, dtype=dtype).permute(0, 3, 1, 2)
+    elif dtype.itemsize == 1:
         v = prepare_v(v)
     assert supports(q, k, v, causal)
     out = torch.empty(2, 1000, 4, head_dim, dtype=torch.bfloat16)
@@ -34,7 +38,7 @@ def compile_case(dtype_name, head_dim, causal, split=None):
     if split is not None:
         config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal,
-                                        config=config, num_programs=132)
+                                        config=config, num_programs=132, v_keys_grouped=grouped)
     c = cross_compile_sm90(launch, 90)
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -46,7 +50,8 @@ def compile_case(dtype_name, head_dim, causal, split=None):
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
             "tma": ptx.count("cp.async.bulk.tensor"), "stack": stack,
             "st_shared_in_loop": len(re.findall(r"st\.shared", ptx[first:last])),
-            "mixed_fp8": ptx.count(".e4m3.e5m2"),
+            "mixed_fp8": ptx.count(".e4m3.e5m2"), "shfl": ptx.count("shfl.sync"),
+            "prmt": ptx.count("prmt.b32"),
             "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+, (\d+)", ptx)))}
 
 rows = {}
@@ -59,12 +64,20 @@ for (head_dim, is_fp8) in sm90.CONFIGS:
 for name in ("bf16", "e4m3"):
     for split in (False, True):
         rows[f"{name}-D128-causal-{'pingpong' if split else 'lockstep'}"] = compile_case(name, 128, True, split)
-print(json.dumps(rows))
+grouped = {f"e4m3-D{head_dim}-{'causal' if causal else 'full'}":
+           {str(g): compile_case("e4m3", head_dim, causal, grouped=g) for g in (False, True)}
+           for head_dim in (64, 128, 256) for causal in (False, True)}
+print(json.dumps({"rows": rows, "grouped": grouped}))
 '''
 
 
-def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma():
-    rows = run_without_interpreter(CHILD)
+@pytest.fixture(scope="module")
+def compiled():
+    return run_without_interpreter(CHILD)
+
+
+def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma(compiled):
+    rows = compiled["rows"]
     assert len(rows) == 20
     for name, row in rows.items():
         assert row["shared"] <= 227 * 1024, (name, row)
@@ -79,3 +92,13 @@ def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma():
             assert "256" in row["partition_barriers"], (name, row)
         if name.startswith("e5m2"):
             assert row["mixed_fp8"] > 0, (name, row)       # P rounded to e4m3 against e5m2 V
+
+
+def test_grouped_v_keys_shrink_the_p_conversion(compiled):
+    """FP8 with V in grouped key order (kernels/layout.py): the accumulator-to-operand
+    conversion of P loses most of its shuffles and byte permutes; nothing else changes."""
+    for name, case in compiled["grouped"].items():
+        natural, grouped = case["False"], case["True"]
+        assert grouped["shfl"] < natural["shfl"] and grouped["prmt"] < natural["prmt"], (name, case)
+        for key in ("wgmma", "tma", "shared", "st_shared_in_loop", "stack"):
+            assert grouped[key] == natural[key], (name, key, case)

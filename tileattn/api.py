@@ -168,11 +168,12 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
     with on_device(q.device):
-        kernel = "portable" if group_v_keys else kernel_for(arch, q, k, v, causal)
+        kernel = kernel_for(arch, q, k, v, causal)
         if kernel == "sm90":
             from .kernels import attention_sm90
             launch = attention_sm90.attention_sm90_launch(
-                q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale, causal)
+                q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale, causal,
+                v_keys_grouped=group_v_keys)
         else:
             launch = attention_fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale,
                                                     v_descale, softmax_scale, causal, arch,
@@ -180,7 +181,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
         launch.run()
         if signature is not None:
             if kernel == "sm90":
-                run_attention = attention_sm90.bind_attention(causal)
+                run_attention = attention_sm90.bind_attention(causal, group_v_keys)
             else:
                 run_attention = attention_fwd.bind_attention(launch)
             _remember_call(signature, run_attention, q.device, given_v if transposes_v else None,

@@ -58,12 +58,10 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
 
 def groups_v_keys(arch: Arch) -> bool:
     """Whether attention() writes the K-major copy of an FP8 V in grouped key order
-    (kernels/layout.py), so that the portable kernel feeds P to P @ V without a register
-    shuffle. wgmma chips only (on sm89's mma.sync the compiled conversion is the same either
-    way). Experimental and off until measured on a GPU: TILEATTN_FP8_V_KEYS=grouped turns it on;
-    never with TILEATTN_KERNEL=sm90, since the Hopper kernel reads V in natural key order."""
-    return (arch.has_wgmma and os.environ.get("TILEATTN_FP8_V_KEYS") == "grouped"
-            and os.environ.get("TILEATTN_KERNEL") != "sm90")
+    (kernels/layout.py), so that both forward kernels feed P to P @ V without most of the
+    register shuffle. wgmma chips only (on sm89's mma.sync the compiled conversion is the same
+    either way). Experimental and off until measured on a GPU: TILEATTN_FP8_V_KEYS=grouped."""
+    return arch.has_wgmma and os.environ.get("TILEATTN_FP8_V_KEYS") == "grouped"
 
 
 def k_major_copy(v: torch.Tensor, group_keys: bool = False) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 
 import tileattn
 from tileattn.arch import FP8_DTYPES
+from tileattn import fp8
 from tileattn.fp8 import prepare_v
 from tileattn.kernels import attention_sm90 as sm90, attention_sm90_policy
 from tileattn.reference import attention_reference
@@ -27,9 +28,12 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
           (2, 1000, 1024, 8, 2), (1, 33, 4096, 4, 1), (1, 3000, 64, 4, 4)]
 
 
-def run_sm90(q, k, v, causal, descales, split=None):
-    """out, lse from the sm90 kernel, or None where supports() declines the inputs."""
-    if q.dtype in FP8_DTYPES:
+def run_sm90(q, k, v, causal, descales, split=None, grouped=False):
+    """out, lse from the sm90 kernel, or None where supports() declines the inputs.
+    grouped: V copied K-major in grouped key order (kernels/layout.py)."""
+    if grouped:
+        v = fp8.k_major_copy(v, group_keys=True)
+    elif q.dtype in FP8_DTYPES:
         v = prepare_v(v)
     if not attention_sm90_policy.supports(q, k, v, causal):
         return None
@@ -42,7 +46,8 @@ def run_sm90(q, k, v, causal, descales, split=None):
         config = dataclasses.replace(config, split=split)
     sm90.attention_sm90_launch(q, k, v, out, lse, descales.get("q_descale"),
                                descales.get("k_descale"), descales.get("v_descale"),
-                               q.shape[3] ** -0.5, causal, config=config).run()
+                               q.shape[3] ** -0.5, causal, config=config,
+                               v_keys_grouped=grouped).run()
     return out, lse
 
 
@@ -58,10 +63,11 @@ def make_inputs(shape, head_dim, dtype, per="tensor"):
     return q.to(dtype), k.to(dtype), v.to(dtype), {}
 
 
-def check(shape, head_dim, dtype, causal, per="tensor", split=None):
+def check(shape, head_dim, dtype, causal, per="tensor", split=None, grouped=False):
     q, k, v, descales = make_inputs(shape, head_dim, dtype, per)
-    result = run_sm90(q, k, v, causal, descales, split)
+    result = run_sm90(q, k, v, causal, descales, split, grouped)
     if result is None:
+        assert not grouped, "a grouped-order V (padded to 32 keys) is always TMA-addressable"
         assert dtype in FP8_DTYPES and shape[2] % 16 != 0, "supports() declined a TMA-able case"
         pytest.skip("FP8 K-major V needs seqlen_k % 16 == 0 for TMA; portable kernel runs it")
     out, lse = result
@@ -90,6 +96,17 @@ SPLITS = pytest.mark.parametrize("split", [False, True], ids=["lockstep", "pingp
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_against_reference(dtype, head_dim, shape, causal, split):
     check(shape, head_dim, dtype, causal, split=split)
+
+
+@SPLITS
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_grouped_v_keys(dtype, head_dim, shape, causal, split):
+    """FP8 V in grouped key order (experimental, TILEATTN_FP8_V_KEYS=grouped): P reordered to
+    match. Any seqlen_k, since the copy is padded to 32 keys."""
+    check(shape, head_dim, dtype, causal, split=split, grouped=True)
 
 
 @SPLITS

@@ -53,6 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..arch import FP8_DTYPES, num_sms
 from ..scheduler import heads_per_group, prefill_work_lists
 from .cross_compile import KernelLaunch
+from .layout import KEY_GROUP, grouped_seqlen
 from .gluon_common import GL_DTYPES, online_softmax
 
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
@@ -168,6 +169,19 @@ def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
 
 
 @gluon.jit
+def _p_operand(p_f32, P_DTYPE: gl.constexpr, p_layout: gl.constexpr, ROWS: gl.constexpr,
+               BLOCK_N: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+    """P as the register A operand of P @ V. With V in grouped key order (kernels/layout.py)
+    its columns are reordered to match, which makes the layout conversion a register renaming
+    for FP8 (sm90 PTX, D=128: 74 -> 26 shfl, 384 -> 144 prmt)."""
+    p = p_f32.to(P_DTYPE)
+    if V_KEYS_GROUPED:
+        p = p.reshape([ROWS, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
+        p = p.reshape([ROWS, BLOCK_N])
+    return gl.convert_layout(p, p_layout)
+
+
+@gluon.jit
 def _wait_turn(turn_bars, turn_count, HALF: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: warpgroup HALF issues its n-th GEMMs after the other has issued its
     (n-1)-th (HALF 0) or n-th (HALF 1), so one's softmax runs under the other's GEMMs."""
@@ -204,7 +218,7 @@ def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
                        MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                       HALF: gl.constexpr, PINGPONG: gl.constexpr):
+                       HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
     """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(block_start, block_end):
@@ -227,7 +241,7 @@ def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev_stage), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p = gl.convert_layout(p_f32.to(P_DTYPE), p_layout)
+        p = _p_operand(p_f32, P_DTYPE, p_layout, BLOCK_M, BLOCK_N, V_KEYS_GROUPED)
         prev_stage = stage
         prev_phase = phase
         kv_count += 1
@@ -247,7 +261,7 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                         HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                        ROWS: gl.constexpr):
+                        ROWS: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
     """Rows [HALF * ROWS, (HALF + 1) * ROWS) of each BLOCK_M tile, on ROWS // 16 warps."""
     NUM_WARPS: gl.constexpr = ROWS // 16
     dtype: gl.constexpr = q_smem.dtype
@@ -301,20 +315,20 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
             mbarrier.arrive(k_empty.index(stage), count=1)
             p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
                                                      causal_shift, s_layout, BLOCK_N, True, CAUSAL)
-            p = gl.convert_layout(p_f32.to(P_DTYPE), p_layout)
+            p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
             kv_count += 1
             acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _attend_key_blocks(
                 acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
                 k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
                 1, num_full, qk_scale, rows, seqlen_k, causal_shift,
                 s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
-                P_DTYPE, False, CAUSAL, HALF, PINGPONG)
+                P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
             acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _attend_key_blocks(
                 acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
                 k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
                 gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
                 s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
-                P_DTYPE, True, CAUSAL, HALF, PINGPONG)
+                P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
             # Q is free once the last S is computed: the loader may fetch the next tile's Q
             # while the last P V and the epilogue run.
             mbarrier.arrive(q_empty, count=1)
@@ -357,7 +371,8 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                          HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                         SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
+                         SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
+                         V_KEYS_GROUPED: gl.constexpr):
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                        k_desc.layout)
@@ -397,13 +412,15 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
+                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
+                                   V_KEYS_GROUPED)),
             (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
+                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
+                                   V_KEYS_GROUPED)),
             (_loader_partition, loader_args),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
@@ -413,7 +430,8 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS)),
+                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
+                                   V_KEYS_GROUPED)),
             (_loader_partition, loader_args),
         ], [1], [LOADER_REGS])
 
@@ -431,7 +449,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                           HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
+                          SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
+                          V_KEYS_GROUPED: gl.constexpr):
     _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
@@ -440,7 +459,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                          stride_k_descale_b, stride_k_descale_h,
                          stride_v_descale_b, stride_v_descale_h,
                          BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS)
+                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS, V_KEYS_GROUPED)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,9 +488,10 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
 
 def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                           softmax_scale: float, causal: bool, *, config: Sm90Config | None = None,
-                          num_programs: int | None = None) -> KernelLaunch:
+                          num_programs: int | None = None,
+                          v_keys_grouped: bool = False) -> KernelLaunch:
     """The kernel launch for inputs that attention_sm90_policy.supports() accepted; `.run()`
-    writes out (and lse)."""
+    writes out (and lse). v_keys_grouped: v is fp8.k_major_copy(..., group_keys=True)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     is_fp8 = q.dtype in FP8_DTYPES
@@ -483,7 +503,18 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     # [batch, heads, seqlen, head_dim] views, so that TMA zero-fills past each sequence's end.
     q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, head_dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
-    if v_k_major:
+    if v_keys_grouped:
+        # The copy holds its keys up to grouped_seqlen in memory, and the last group's real
+        # keys may sit past seqlen_k: TMA must read them rather than zero-fill.
+        if not v_k_major or block_n % KEY_GROUP:
+            raise ValueError(f"a grouped-order V must be K-major with BLOCK_N a multiple of "
+                             f"{KEY_GROUP}: {config}")
+        v_view = v.permute(0, 2, 3, 1)
+        shape = list(v_view.shape[:3]) + [grouped_seqlen(seqlen_k)]
+        block = [1, 1, head_dim, block_n]
+        v_desc = TensorDescriptor(v_view, shape, list(v_view.stride()), block,
+                                  _shared_layout(tuple(block), v.dtype))
+    elif v_k_major:
         v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, head_dim, block_n])
     else:
         v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
@@ -511,17 +542,17 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=config.num_stages,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        SPLIT=config.split, LOADER_REGS=LOADER_REGS,
+        SPLIT=config.split, LOADER_REGS=LOADER_REGS, V_KEYS_GROUPED=v_keys_grouped,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
-def bind_attention(causal: bool):
+def bind_attention(causal: bool, v_keys_grouped: bool = False):
     """attention_sm90_launch as a function of its tensors and softmax scale, for api's call
     cache: later calls skip the checks and Triton's binder (KernelLaunch.run's fast path keys
     the tensor descriptors by dtype, block shape and layout, as Triton specializes them); only
     the descriptors are rebuilt, since they hold the tensors' addresses."""
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float) -> None:
         attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                              softmax_scale, causal).run()
+                              softmax_scale, causal, v_keys_grouped=v_keys_grouped).run()
     return run
