@@ -44,9 +44,9 @@ def p_in_v_key_order(p, ROWS: tl.constexpr, KEYS: tl.constexpr):
 
 @triton.jit
 def _rows_in_grouped_key_order(tile, KEYS: tl.constexpr, COLS: tl.constexpr):
-    """tile [KEYS, COLS] with its rows in grouped key order (as p_in_v_key_order's columns)."""
-    grouped = tl.reshape(tile, [KEYS // 32, 2, 2, 4, 2, COLS])
-    return tl.reshape(tl.permute(grouped, (0, 1, 3, 2, 4, 5)), [KEYS, COLS])
+    """tile [KEYS, COLS] with its rows in grouped key order: p_in_v_key_order's own reordering,
+    so the copy and the kernels agree by construction."""
+    return tl.trans(p_in_v_key_order(tl.trans(tile), COLS, KEYS))
 
 
 @triton.jit

@@ -25,6 +25,18 @@ from .cross_compile import KernelLaunch
 
 
 @triton.jit
+def _step_lse(partial_lse_ptr, first, slot_end, offs_s, offs_r, row_valid, num_rows):
+    """Slots first + offs_s (those before slot_end) x rows offs_r: their workspace row indices
+    (int64: the x512 of partial_out overflows int32), the valid mask and the LSEs (-inf where
+    not valid)."""
+    slots = first + offs_s
+    valid = (slots < slot_end)[:, None] & row_valid[None, :]
+    slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
+    lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
+    return slot_rows, valid, lse_s
+
+
+@triton.jit
 def mla_decode_combine_kernel(
     partial_out_ptr, partial_lse_ptr, batch_slots_ptr, out_ptr, lse_ptr,
     stride_ob, stride_os, stride_oh,
@@ -52,10 +64,8 @@ def mla_decode_combine_kernel(
         if ONE_STEP:
             # Every sequence has at most SLOTS_PER_STEP slots: both loads are issued at once
             # and the largest LSE comes from the same registers.
-            slots = slot_start + offs_s
-            valid = (slots < slot_end)[:, None] & row_valid[None, :]
-            slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
-            lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
+            slot_rows, valid, lse_s = _step_lse(partial_lse_ptr, slot_start, slot_end, offs_s,
+                                                offs_r, row_valid, num_rows)
             out_s = tl.load(partial_out_ptr + slot_rows[:, :, None] * 512 + offs_d[None, None, :],
                             mask=valid[:, :, None], other=0.0)
             m_i = tl.max(lse_s, axis=0)
@@ -66,20 +76,15 @@ def mla_decode_combine_kernel(
         else:
             m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
             for first in range(slot_start, slot_end, SLOTS_PER_STEP):
-                slots = first + offs_s
-                valid = (slots < slot_end)[:, None] & row_valid[None, :]
-                # slot · num_rows fits int32; the ×512 below needs int64.
-                slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
-                lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
+                _, _, lse_s = _step_lse(partial_lse_ptr, first, slot_end, offs_s, offs_r,
+                                        row_valid, num_rows)
                 m_i = tl.maximum(m_i, tl.max(lse_s, axis=0))
             m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
             acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
             l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
             for first in range(slot_start, slot_end, SLOTS_PER_STEP):
-                slots = first + offs_s
-                valid = (slots < slot_end)[:, None] & row_valid[None, :]
-                slot_rows = slots.to(tl.int64)[:, None] * num_rows + offs_r[None, :]
-                lse_s = tl.load(partial_lse_ptr + slot_rows, mask=valid, other=float("-inf"))
+                slot_rows, valid, lse_s = _step_lse(partial_lse_ptr, first, slot_end, offs_s,
+                                                    offs_r, row_valid, num_rows)
                 weight = tl.exp(lse_s - m_safe[None, :])
                 out_s = tl.load(partial_out_ptr + slot_rows[:, :, None] * 512 + offs_d[None, None, :],
                                 mask=valid[:, :, None], other=0.0)
