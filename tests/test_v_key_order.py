@@ -108,3 +108,11 @@ def test_attention_groups_v_keys_only_when_asked(monkeypatch, setting, grouped):
     out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True, **descales)
     assert seen["grouped"] == grouped
     assert_close_to_reference(out, lse, q, k, v, True, descales)
+
+
+def test_unknown_v_key_order_is_refused(monkeypatch):
+    import tileattn
+    monkeypatch.setenv("TILEATTN_FP8_V_KEYS", "shuffled")
+    q, k, v, descales = make_inputs((1, 8, 8, 1, 1, 64, 64, False), E4M3)
+    with pytest.raises(ValueError, match="TILEATTN_FP8_V_KEYS"):
+        tileattn.attention(q, k, v, **descales)

@@ -156,7 +156,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     arch = arch_of(q.device)
     given_v = v
     transposes_v = v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v)
-    group_v_keys = transposes_v and fp8.groups_v_keys(arch)
+    group_v_keys = groups_v_keys(arch) and transposes_v
     if transposes_v:
         v = fp8.k_major_copy(v, group_v_keys)
     if is_fp8:
@@ -233,7 +233,7 @@ def _remember_call(signature, run_attention, device, transposed_v, out_shape, ou
     """Keep a call the checks passed, so later calls with its signature replay it.
     run_attention(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale) launches
     the chosen kernel (None: this launch cannot be replayed)."""
-    prepare_v = (fp8.bind_prepare_v(transposed_v, group_v_keys) if transposed_v is not None
+    prepare_v = (fp8.bind_k_major_copy(transposed_v, group_v_keys) if transposed_v is not None
                  else None)
     if run_attention is None or (transposed_v is not None and prepare_v is None):
         return
@@ -258,6 +258,18 @@ def _remember_call(signature, run_attention, device, transposed_v, out_shape, ou
 
 
 KERNELS = ("auto", "portable", "sm90")
+FP8_V_KEY_ORDERS = ("natural", "grouped")
+
+
+def groups_v_keys(arch) -> bool:
+    """Whether attention() writes its K-major copy of an FP8 V in grouped key order
+    (kernels/layout.py), so that both forward kernels feed P to P @ V without most of the
+    register shuffle. wgmma chips only (on sm89's mma.sync the compiled conversion is the same
+    either way). Experimental and off until measured on a GPU: TILEATTN_FP8_V_KEYS=grouped."""
+    order = os.environ.get("TILEATTN_FP8_V_KEYS", "natural")
+    if order not in FP8_V_KEY_ORDERS:
+        raise ValueError(f"TILEATTN_FP8_V_KEYS must be one of {FP8_V_KEY_ORDERS}, got {order!r}")
+    return arch.has_wgmma and order == "grouped"
 
 
 def kernel_for(arch, q, k, v, causal: bool) -> str:

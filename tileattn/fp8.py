@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .arch import FP8_DTYPES, Arch
+from .arch import FP8_DTYPES
 from .kernels.cross_compile import on_device
 from .kernels.layout import grouped_seqlen, transpose_v_launch
 
@@ -56,14 +54,6 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
     return k_major_copy(v)
 
 
-def groups_v_keys(arch: Arch) -> bool:
-    """Whether attention() writes the K-major copy of an FP8 V in grouped key order
-    (kernels/layout.py), so that both forward kernels feed P to P @ V without most of the
-    register shuffle. wgmma chips only (on sm89's mma.sync the compiled conversion is the same
-    either way). Experimental and off until measured on a GPU: TILEATTN_FP8_V_KEYS=grouped."""
-    return arch.has_wgmma and os.environ.get("TILEATTN_FP8_V_KEYS") == "grouped"
-
-
 def k_major_copy(v: torch.Tensor, group_keys: bool = False) -> torch.Tensor:
     """V [B, S, H, D] (last dim contiguous) copied K-major by the transpose kernel; with
     group_keys in grouped key order, its sequence dim padded with zero keys to a multiple of
@@ -80,7 +70,7 @@ def _k_major_buffer(v: torch.Tensor, group_keys: bool) -> torch.Tensor:
     return torch.empty((batch, heads, head_dim, seqlen_out), dtype=v.dtype, device=v.device)
 
 
-def bind_prepare_v(v: torch.Tensor, group_keys: bool = False):
+def bind_k_major_copy(v: torch.Tensor, group_keys: bool = False):
     """k_major_copy for later V tensors of v's shape, strides, dtype and alignment, with its
     launch bound (api's call cache); None where it cannot be bound. Call it once first."""
     bound = transpose_v_launch(v, _k_major_buffer(v, group_keys), group_keys).bind()

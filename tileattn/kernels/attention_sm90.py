@@ -475,8 +475,10 @@ def _shared_layout(block_shape: tuple[int, ...], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), GL_DTYPES[dtype])
 
 
-def _descriptor(x: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), block_shape,
+def _descriptor(x: torch.Tensor, block_shape: list[int],
+                shape: list[int] | None = None) -> TensorDescriptor:
+    """TMA view of x; shape overrides its extent where the memory behind it is larger."""
+    return TensorDescriptor(x, shape or list(x.shape), list(x.stride()), block_shape,
                             _shared_layout(tuple(block_shape), x.dtype))
 
 
@@ -510,10 +512,8 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
             raise ValueError(f"a grouped-order V must be K-major with BLOCK_N a multiple of "
                              f"{KEY_GROUP}: {config}")
         v_view = v.permute(0, 2, 3, 1)
-        shape = list(v_view.shape[:3]) + [grouped_seqlen(seqlen_k)]
-        block = [1, 1, head_dim, block_n]
-        v_desc = TensorDescriptor(v_view, shape, list(v_view.stride()), block,
-                                  _shared_layout(tuple(block), v.dtype))
+        v_desc = _descriptor(v_view, [1, 1, head_dim, block_n],
+                             list(v_view.shape[:3]) + [grouped_seqlen(seqlen_k)])
     elif v_k_major:
         v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, head_dim, block_n])
     else:

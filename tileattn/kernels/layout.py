@@ -5,7 +5,7 @@ H100 at ~0.45 ms for 64 MB, a quarter of an FP8 forward at N=4096); a tiled tran
 rows of head_dim and writes rows of seqlen, both coalesced, with the turn done in registers and
 shared memory by the compiler.
 
-Grouped key order (GROUP_KEYS; experimental, see fp8.groups_v_keys). On wgmma the FP8 P @ V
+Grouped key order (GROUP_KEYS; experimental, see api.groups_v_keys). On wgmma the FP8 P @ V
 takes P as a register A operand whose fragment does not match the QK^T accumulator's: a thread
 holds keys 2q, 2q+1 of each group of 8 in the accumulator but needs keys 4q..4q+3 of each
 group of 16 in the operand, which costs shuffles and byte permutes per tile (ncu, H100,
