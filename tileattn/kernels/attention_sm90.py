@@ -12,7 +12,9 @@ is BLOCK_M (128) queries of one (batch, query head). Each program is two partiti
     the other's GEMMs. With split=False they form one 8-warp partition, which Triton keeps in
     lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
 P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
-layout and fed to the second GEMM directly.
+layout and fed to the second GEMM directly. 16-bit key loops carry P_j into the iteration that
+issues its P V; FP8 loops turn over one step later and carry S instead, so that P is packed and
+consumed in one iteration (_attend_tile says why).
 
 Softmax is online in base 2 with fp32 statistics; FP8 descales fold into the softmax scale
 (q, k) and into the final normalisation (v). Bottom-right causal masking; sequence tails rely
@@ -47,7 +49,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..arch import FP8_DTYPES, num_sms
@@ -211,15 +213,16 @@ def _softmax_update(s, m_i, l_i, qk_scale, rows, key_start, seqlen_k, causal_shi
 
 
 @gluon.jit
-def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count, q_op,
-                       k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                       block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
-                       s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                       MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                       HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
+def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count, q_op,
+                        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                        block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
+                        s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                        MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                        HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+    """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
+    The loop carries P_{j-1} (16-bit: see _attend_tile)."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(block_start, block_end):
         stage = kv_count % NUM_STAGES
@@ -246,6 +249,199 @@ def _attend_key_blocks(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_
         prev_phase = phase
         kv_count += 1
     return acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count
+
+
+@gluon.jit
+def _key_blocks_carry_s(acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+                        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                        block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
+                        s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                        MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                        HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+    """Key blocks j in [block_start, block_end), each followed by block j + 1: the softmax of
+    S_j (in s, from ring slot `stage`) runs while P_{j-1} V_{j-1} is in flight, then
+    S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together.
+
+    P is made and consumed within one iteration: the loop carries fp32 S, never P (FP8: see
+    _attend_tile)."""
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    for j in range(block_start, block_end):
+        p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, j * BLOCK_N,
+                                                 seqlen_k, causal_shift, s_layout, BLOCK_N,
+                                                 MASKED, CAUSAL)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        # V_{j-1} sits in the slot before S_j's; block 0 has no P V before it.
+        mbarrier.arrive(v_empty.index((stage + NUM_STAGES - 1) % NUM_STAGES), count=1, pred=j > 0)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p = _p_operand(p_f32, P_DTYPE, p_layout, BLOCK_M, BLOCK_N, V_KEYS_GROUPED)
+        next_stage = kv_count % NUM_STAGES
+        next_phase = (kv_count // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(next_stage), next_phase)
+        mbarrier.wait(v_ready.index(stage), phase)
+        turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
+        s = warpgroup_mma(q_op, _k_operand(k_smem, next_stage, BLOCK_N, HEAD_DIM), s_zero,
+                          use_acc=False, is_async=True)
+        acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+                            is_async=True)
+        _pass_turn(turn_bars, HALF, PINGPONG)
+        # wgmma groups retire in order: one left in flight means S_{j+1} is done, P V is not.
+        s = warpgroup_mma_wait(1, deps=(s,))
+        mbarrier.arrive(k_empty.index(next_stage), count=1)
+        stage = next_stage
+        phase = next_phase
+        kv_count += 1
+    return acc, s, m_i, l_i, kv_count, stage, phase, turn_count
+
+
+@gluon.jit
+def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+                         qk_scale, rows, seqlen_k, causal_shift,
+                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                         CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+                         V_KEYS_GROUPED: gl.constexpr):
+    """A tile's key blocks, the loop carrying P (block 0 peeled)."""
+    # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
+    # once per tile) so that tiles whose first block crosses the diagonal need no branch.
+    stage = kv_count % NUM_STAGES
+    phase = (kv_count // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
+    s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
+                      gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout),
+                      use_acc=False, is_async=True)
+    _pass_turn(turn_bars, HALF, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    mbarrier.arrive(k_empty.index(stage), count=1)
+    p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
+                                             causal_shift, s_layout, BLOCK_N, True, CAUSAL)
+    p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
+    kv_count += 1
+    acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
+        acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
+        1, num_full, qk_scale, rows, seqlen_k, causal_shift,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+    acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
+        acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
+        gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+    # Q is free once the last S is computed: the loader may fetch the next tile's Q
+    # while the last P V and the epilogue run.
+    mbarrier.arrive(q_empty, count=1)
+    mbarrier.wait(v_ready.index(stage), phase)
+    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
+    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+                        is_async=True)
+    _pass_turn(turn_bars, HALF, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(stage), count=1)
+    return acc, m_i, l_i, kv_count, turn_count
+
+
+@gluon.jit
+def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+                         qk_scale, rows, seqlen_k, causal_shift,
+                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                         CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+                         V_KEYS_GROUPED: gl.constexpr):
+    """A tile's key blocks, the loop carrying S (the last block peeled)."""
+    # S_0 alone; then blocks 0 .. last-1 (unmasked while every row sees the whole
+    # block, masked after), each issuing the next S with its own P V; then the last.
+    stage = kv_count % NUM_STAGES
+    phase = (kv_count // NUM_STAGES) & 1
+    mbarrier.wait(k_ready.index(stage), phase)
+    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
+    s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
+                      gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout),
+                      use_acc=False, is_async=True)
+    _pass_turn(turn_bars, HALF, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    mbarrier.arrive(k_empty.index(stage), count=1)
+    kv_count += 1
+    # O is an in-flight wgmma accumulator across the loops: each iteration's P V runs
+    # on under the next iteration's softmax.
+    acc = warpgroup_mma_init(acc)
+    last = num_blocks - 1
+    unmasked_end = gl.minimum(num_full, last)
+    acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
+        acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
+        0, unmasked_end, qk_scale, rows, seqlen_k, causal_shift,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+    acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
+        acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
+        unmasked_end, last, qk_scale, rows, seqlen_k, causal_shift,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+    # Q is free once the last S is computed: the loader may fetch the next tile's Q
+    # while the last P V and the epilogue run.
+    mbarrier.arrive(q_empty, count=1)
+    p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, last * BLOCK_N,
+                                             seqlen_k, causal_shift, s_layout, BLOCK_N,
+                                             True, CAUSAL)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index((stage + NUM_STAGES - 1) % NUM_STAGES), count=1,
+                    pred=last > 0)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
+    mbarrier.wait(v_ready.index(stage), phase)
+    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
+    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+                        is_async=True)
+    _pass_turn(turn_bars, HALF, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(stage), count=1)
+    return acc, m_i, l_i, kv_count, turn_count
+
+
+@gluon.jit
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+                 k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+                 qk_scale, rows, seqlen_k, causal_shift,
+                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                 ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                 CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+                 V_KEYS_GROUPED: gl.constexpr):
+    """The key blocks of one tile (num_blocks >= 1); releases Q after its last S.
+
+    Each key-loop iteration overlaps one block's softmax with the previous block's P V. Where
+    the loop turns over decides what it carries:
+    - FP8 carries S (fp32). A loop-carried FP8 P is split into one register per byte and
+      repacked before its wgmma, ~200 PRMT/LOP3/SHF per iteration at D=128, 30% of the loop;
+      carrying S instead cuts the D=128 key loop from 679 to 491 SASS instructions (640 to 459
+      with grouped V keys; benchmarks/NOTES.md, session 8). NOT GPU-run yet: FP8 takes this
+      kernel only under TILEATTN_KERNEL=sm90.
+    - 16-bit carries P: same loop length either way (495 at D=128), and this is the
+      structure measured on the GPU."""
+    if P_DTYPE.primitive_bitwidth == 8:
+        acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_s(
+            acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+            k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+            qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
+            ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
+            V_KEYS_GROUPED)
+    else:
+        acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_p(
+            acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+            k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+            qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
+            ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
+            V_KEYS_GROUPED)
+    return acc, m_i, l_i, kv_count, turn_count
 
 
 @gluon.jit
@@ -301,44 +497,12 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         mbarrier.wait(q_ready, tile_count & 1)
         if num_blocks > 0:
-            # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
-            # once per tile) so that tiles whose first block crosses the diagonal need no branch.
-            stage = kv_count % NUM_STAGES
-            phase = (kv_count // NUM_STAGES) & 1
-            mbarrier.wait(k_ready.index(stage), phase)
-            turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-            s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
-                              gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout),
-                              use_acc=False, is_async=True)
-            _pass_turn(turn_bars, HALF, PINGPONG)
-            s = warpgroup_mma_wait(0, deps=(s,))
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
-                                                     causal_shift, s_layout, BLOCK_N, True, CAUSAL)
-            p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
-            kv_count += 1
-            acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _attend_key_blocks(
-                acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                1, num_full, qk_scale, rows, seqlen_k, causal_shift,
-                s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
-                P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-            acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _attend_key_blocks(
-                acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-                k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
-                s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
-                P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-            # Q is free once the last S is computed: the loader may fetch the next tile's Q
-            # while the last P V and the epilogue run.
-            mbarrier.arrive(q_empty, count=1)
-            mbarrier.wait(v_ready.index(stage), phase)
-            turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-            acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
-                                is_async=True)
-            _pass_turn(turn_bars, HALF, PINGPONG)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(v_empty.index(stage), count=1)
+            acc, m_i, l_i, kv_count, turn_count = _attend_tile(
+                acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+                k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+                qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
+                ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
+                V_KEYS_GROUPED)
         else:
             mbarrier.arrive(q_empty, count=1)
 
