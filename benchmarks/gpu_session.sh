@@ -81,11 +81,13 @@ torch.cuda.synchronize(); print('sanitizer case ran')
     quickbench) python3 -m tileattn bench --quick --out "$OUT" 2>&1 | tail -30 ;;
     shortbench) python3 -m tileattn bench --head-dims 64 128 --contexts 1024 2048 4096 --out "$OUT" 2>&1 | grep -v "^prefill \\[" | tail -40 ;;
     accuracy) python3 -m tileattn accuracy --out "$OUT" 2>&1 | tail -40 ;;
-    # FP8 on the Gluon kernel (key loop carrying S, session 8) and the grouped V key order:
-    # GPU tests first, each bounded (a barrier-protocol bug would hang, not fail), then the A/B.
-    fp8sm90) timeout 360 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "float8 or grouped" 2>&1 | tee "$OUT/fp8-sm90-tests.log" | tail -8
+    # Session 8's Gluon changes, none GPU-run yet: FP8 key loop carrying S, padded (96/192) and
+    # Dv != D head dims; and the grouped V key order. GPU tests first, each bounded (a barrier
+    # bug would hang, not fail), then the A/B.
+    fp8sm90) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_sm90.py -k "float8 or grouped or padded" 2>&1 | tee "$OUT/fp8-sm90-tests.log" | tail -8
         timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "grouped or repeat" 2>&1 | tee "$OUT/fp8-grouped-tests.log" | tail -5
         timeout 420 python3 benchmarks/fp8_v_keys_ab.py 2>&1 | tee "$OUT/fp8-v-keys-ab.log" | tail -25 ;;
+    headdimsab) timeout 360 python3 benchmarks/head_dims_ab.py "$OUT" 2>&1 | tee "$OUT/head-dims-ab.log" | tail -26 ;;
     mlatests) python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mla_gpu.py 2>&1 | tee "$OUT/mla-gputests.log" | tail -15 ;;
     mla) python3 -m tileattn bench --mla --out "$OUT" 2>&1 | tee "$OUT/mla.log" | tail -60 ;;
     demo) python3 -m tileattn demo 2>&1 | tail -8 ;;

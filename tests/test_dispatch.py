@@ -48,6 +48,23 @@ def test_portable_kernel_elsewhere(case):
     assert kernel_for(arch, q, k, v, causal=case == "short-causal") == "portable"
 
 
+@pytest.mark.parametrize("dims", [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)],
+                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+def test_padded_and_unequal_head_dims_run_here_only_when_forced(dims, monkeypatch):
+    """The Hopper kernel takes Dv != D and the padded 96/192 (its tiles pad to powers of two),
+    but has not been timed there: attention() keeps them on the portable kernel unless
+    TILEATTN_KERNEL=sm90."""
+    head_dim, head_dim_v = dims
+    q, k = inputs(torch.bfloat16, head_dim)[:2]
+    v = torch.empty(1, 4096, 32, head_dim_v, dtype=torch.bfloat16)
+    assert kernel_for(SM90, q, k, v, causal=False) == "portable"
+    monkeypatch.setenv("TILEATTN_KERNEL", "sm90")
+    assert kernel_for(SM90, q, k, v, causal=False) == "sm90"
+    q8, k8 = inputs(torch.float8_e4m3fn, head_dim)[:2]
+    v8 = prepare_v(torch.empty(1, 4096, 32, head_dim_v, dtype=torch.float8_e4m3fn))
+    assert kernel_for(SM90, q8, k8, v8, causal=True) == "sm90"
+
+
 def test_environment_forces_either_kernel(monkeypatch):
     q, k, v = inputs()
     monkeypatch.setenv("TILEATTN_KERNEL", "portable")

@@ -20,21 +20,22 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn,
           "e5m2": torch.float8_e5m2}
 
-def compile_case(dtype_name, head_dim, causal, split=None, grouped=False):
+def compile_case(dtype_name, head_dim, causal, split=None, grouped=False, head_dim_v=None):
     dtype = DTYPES[dtype_name]
+    head_dim_v = head_dim_v or head_dim
     # seqlen_k a multiple of 16: K-major FP8 V has seqlen_k as a TMA stride.
     q = torch.empty(2, 1000, 4, head_dim, dtype=dtype)
     k = torch.empty(2, 1024, 2, head_dim, dtype=dtype)
-    v = torch.empty_like(k)
+    v = torch.empty(2, 1024, 2, head_dim_v, dtype=dtype)
     if grouped:   # fp8.k_major_copy(v, group_keys=True)'s layout (its kernel needs a GPU here)
-        v = torch.empty(2, 2, head_dim, 1024, dtype=dtype).permute(0, 3, 1, 2)
+        v = torch.empty(2, 2, head_dim_v, 1024, dtype=dtype).permute(0, 3, 1, 2)
     elif dtype.itemsize == 1:
         v = prepare_v(v)
     assert supports(q, k, v, causal)
-    out = torch.empty(2, 1000, 4, head_dim, dtype=torch.bfloat16)
+    out = torch.empty(2, 1000, 4, head_dim_v, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
-    config = sm90.CONFIGS[(head_dim, dtype.itemsize == 1)]
+    config = sm90.config_for(head_dim, head_dim_v, dtype.itemsize == 1)
     if split is not None:
         config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal,
@@ -67,7 +68,11 @@ for name in ("bf16", "e4m3"):
 grouped = {f"e4m3-D{head_dim}-{'causal' if causal else 'full'}":
            {str(g): compile_case("e4m3", head_dim, causal, grouped=g) for g in (False, True)}
            for head_dim in (64, 128, 256) for causal in (False, True)}
-print(json.dumps({"rows": rows, "grouped": grouped}))
+# Head dims the tiles pad (96 -> 128, 192 -> 256) and Dv != D, on the rows config_for picks.
+dims = {f"{name}-D{d}-Dv{dv}-{'causal' if causal else 'full'}": compile_case(name, d, causal, head_dim_v=dv)
+        for name in ("bf16", "e4m3") for d, dv in ((192, 128), (96, 96), (192, 192), (64, 256))
+        for causal in (False, True) if not (causal and (d, dv) in ((192, 192), (64, 256)))}
+print(json.dumps({"rows": rows, "grouped": grouped, "dims": dims}))
 '''
 
 
@@ -107,3 +112,14 @@ def test_grouped_v_keys_shrink_the_p_conversion(compiled):
         assert grouped["shfl"] < natural["shfl"] and grouped["prmt"] < natural["prmt"], (name, case)
         for key in ("wgmma", "tma", "shared", "st_shared_in_loop", "stack"):
             assert grouped[key] == natural[key], (name, key, case)
+
+
+def test_padded_and_unequal_head_dims_compile_and_fit(compiled):
+    """96/192 (padded to 128/256 by TMA zero-fill) and Dv != D: each fits 227 KB on the config
+    row of its larger padded dim, runs on wgmma fed by TMA and does not spill."""
+    dims = compiled["dims"]
+    assert len(dims) == 12
+    for name, row in dims.items():
+        assert row["shared"] <= 227 * 1024, (name, row)
+        assert row["wgmma"] > 0 and row["tma"] > 0, (name, row)
+        assert row["stack"] == 0 and row["st_shared_in_loop"] == 0, (name, row)

@@ -286,7 +286,7 @@ def kernel_for(arch, q, k, v, causal: bool) -> str:
     if choice == "portable" or not arch.has_wgmma:
         return "portable"
     from .kernels import attention_sm90_policy  # Gluon: imported only where it can run
-    if choice == "auto" and not attention_sm90_policy.preferred(q, k, causal):
+    if choice == "auto" and not attention_sm90_policy.preferred(q, k, v, causal):
         return "portable"
     return "sm90" if attention_sm90_policy.supports(q, k, v, causal) else "portable"
 

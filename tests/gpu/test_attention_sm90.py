@@ -41,7 +41,7 @@ def run_sm90(q, k, v, causal, descales, split=None, grouped=False):
     out = torch.empty(batch, seqlen_q, num_q_heads, v.shape[3], device=q.device,
                       dtype=torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype)
     lse = torch.empty(batch, num_q_heads, seqlen_q, device=q.device)
-    config = sm90.CONFIGS[(q.shape[3], q.dtype in FP8_DTYPES)]
+    config = sm90.config_for(q.shape[3], v.shape[3], q.dtype in FP8_DTYPES)
     if split is not None:
         config = dataclasses.replace(config, split=split)
     sm90.attention_sm90_launch(q, k, v, out, lse, descales.get("q_descale"),
@@ -51,20 +51,22 @@ def run_sm90(q, k, v, causal, descales, split=None, grouped=False):
     return out, lse
 
 
-def make_inputs(shape, head_dim, dtype, per="tensor"):
+def make_inputs(shape, head_dim, dtype, per="tensor", head_dim_v=None):
     batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads = shape
     gen = torch.Generator(device="cuda").manual_seed(sum(shape) + head_dim)
     q = torch.randn(batch, seqlen_q, num_q_heads, head_dim, device="cuda", generator=gen)
     k = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, device="cuda", generator=gen)
-    v = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, device="cuda", generator=gen)
+    v = torch.randn(batch, seqlen_k, num_kv_heads, head_dim_v or head_dim, device="cuda",
+                    generator=gen)
     if dtype in FP8_DTYPES:
         (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype, per=per) for x in (q, k, v))
         return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
     return q.to(dtype), k.to(dtype), v.to(dtype), {}
 
 
-def check(shape, head_dim, dtype, causal, per="tensor", split=None, grouped=False):
-    q, k, v, descales = make_inputs(shape, head_dim, dtype, per)
+def check(shape, head_dim, dtype, causal, per="tensor", split=None, grouped=False,
+          head_dim_v=None):
+    q, k, v, descales = make_inputs(shape, head_dim, dtype, per, head_dim_v)
     result = run_sm90(q, k, v, causal, descales, split, grouped)
     if result is None:
         assert not grouped, "a grouped-order V (padded to 32 keys) is always TMA-addressable"
@@ -107,6 +109,18 @@ def test_grouped_v_keys(dtype, head_dim, shape, causal, split):
     """FP8 V in grouped key order (experimental, TILEATTN_FP8_V_KEYS=grouped): P reordered to
     match. Any seqlen_k, since the copy is padded to 32 keys."""
     check(shape, head_dim, dtype, causal, split=split, grouped=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1024, 8, 2), (1, 33, 4096, 4, 1), (2, 17, 17, 4, 2),
+                                   (1, 3000, 64, 4, 4)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dims", [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)],
+                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_padded_and_unequal_head_dims(dtype, dims, shape, causal):
+    """96/192 run on tiles padded to 128/256 (TMA zero-fills Q/K/V past the head dim, the
+    store masks the output's padding); Dv != D (e.g. 192/128, DeepSeek's prefill)."""
+    check(shape, dims[0], dtype, causal, head_dim_v=dims[1])
 
 
 @SPLITS

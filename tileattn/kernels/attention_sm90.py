@@ -24,16 +24,18 @@ computed and never stored).
 Tensor layouts (element strides; every tensor may come from a larger fused buffer):
     q    [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
     k    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous
-    v    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous (row-major), or seqlen
+    v    [batch, seqlen_k, num_kv_heads, head_dim_v]  last dim contiguous (row-major), or seqlen
                                                       dim contiguous (K-major; required for FP8:
                                                       8-bit wgmma reads B only K-major)
-    out  [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
+    out  [batch, seqlen_q, num_q_heads, head_dim_v]   last dim contiguous
     lse  [batch, num_q_heads, seqlen_q] float32        natural log, contiguous
     *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
     tile_ids    int32 [num_tiles]       tile m_block + num_m_blocks * (batch * num_q_heads + head)
     tile_starts int32 [programs + 1]    program p runs tile_ids[tile_starts[p]:tile_starts[p + 1]]
 TMA sees q, k, v as 4-D [batch, heads, seqlen, head_dim] views (K-major V as [batch, heads,
 head_dim, seqlen]), so every stride but the contiguous one must be a multiple of 16 bytes.
+head_dim and head_dim_v may differ and need not be powers of two (96, 192): tiles span them
+padded to the next power of two, TMA zero-fills the padding and the store masks it off.
 
 This file holds the kernel, its config table and its launcher. Which inputs it takes and where
 attention() prefers it over the portable kernel (supports(), preferred(), MIN_WORK) live in
@@ -54,6 +56,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..arch import FP8_DTYPES, num_sms
 from ..scheduler import heads_per_group, prefill_work_lists
+from .attention_fwd import padded_head_dim
 from .cross_compile import KernelLaunch
 from .layout import KEY_GROUP, grouped_seqlen
 from .gluon_common import GL_DTYPES, online_softmax
@@ -76,8 +79,10 @@ class Sm90Config:
         return 4 if self.split else self.block_m // 16
 
 
-# (head_dim, fp8?) -> config. Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
-# row fits 227 KB (tests/test_sm90_cross_compile.py checks metadata.shared). 16-bit rows use the
+# (padded head dim, fp8?) -> config, the head dim being the larger of Q/K's and V's, each padded
+# to a power of two (config_for). Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles);
+# every row fits 227 KB, and so does every pair of head dims that maps to it
+# (tests/test_sm90_cross_compile.py checks metadata.shared). 16-bit rows use the
 # ping-pong consumers (H100: +27% at D=128 N=16k, benchmarks/NOTES.md); FP8 rows keep the
 # lockstep consumer until ping-pong FP8 has passed the GPU tests (it timed 3-7% faster).
 CONFIGS: dict[tuple[int, bool], Sm90Config] = {
@@ -88,6 +93,14 @@ CONFIGS: dict[tuple[int, bool], Sm90Config] = {
     (128, True): Sm90Config(128, 3),
     (256, True): Sm90Config(64, 3),   # BLOCK_N=128 spills (288 B of stack at 240 registers)
 }
+
+
+
+
+def config_for(head_dim: int, head_dim_v: int, is_fp8: bool) -> Sm90Config:
+    """The CONFIGS row for these head dims: the one of the larger padded dim (a row fits its
+    dim for Q, K and V alike, so it fits any pair no wider)."""
+    return CONFIGS[(max(padded_head_dim(head_dim), padded_head_dim(head_dim_v)), is_fp8)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +176,8 @@ def _k_operand(k_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 @gluon.jit
 def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                V_K_MAJOR: gl.constexpr):
-    """V [BLOCK_N, HEAD_DIM]: a K-major view of a [HEAD_DIM, BLOCK_N] tile, or the tile itself."""
+    """V [BLOCK_N, HEAD_DIM] (V's padded head dim): a K-major view of a [HEAD_DIM, BLOCK_N]
+    tile, or the tile itself."""
     if V_K_MAJOR:
         return v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
     else:
@@ -218,6 +232,7 @@ def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn
                         block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        HEAD_DIM_V: gl.constexpr,
                         NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
                         MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                         HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
@@ -232,7 +247,7 @@ def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn
         turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
         s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM), s_zero,
                           use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+        acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
                             is_async=True)
         _pass_turn(turn_bars, HALF, PINGPONG)
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
@@ -257,6 +272,7 @@ def _key_blocks_carry_s(acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_
                         block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        HEAD_DIM_V: gl.constexpr,
                         NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
                         MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                         HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
@@ -283,7 +299,7 @@ def _key_blocks_carry_s(acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_
         turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
         s = warpgroup_mma(q_op, _k_operand(k_smem, next_stage, BLOCK_N, HEAD_DIM), s_zero,
                           use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+        acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
                             is_async=True)
         _pass_turn(turn_bars, HALF, PINGPONG)
         # wgmma groups retire in order: one left in flight means S_{j+1} is done, P V is not.
@@ -301,7 +317,7 @@ def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
                          qk_scale, rows, seqlen_k, causal_shift,
                          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                          ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
                          CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                          V_KEYS_GROUPED: gl.constexpr):
     """A tile's key blocks, the loop carrying P (block 0 peeled)."""
@@ -325,20 +341,20 @@ def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
         acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
         1, num_full, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
         P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
     acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
         acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
         gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
         P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(q_empty, count=1)
     mbarrier.wait(v_ready.index(stage), phase)
     turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
                         is_async=True)
     _pass_turn(turn_bars, HALF, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -352,7 +368,7 @@ def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
                          qk_scale, rows, seqlen_k, causal_shift,
                          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                          ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
                          CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                          V_KEYS_GROUPED: gl.constexpr):
     """A tile's key blocks, the loop carrying S (the last block peeled)."""
@@ -378,13 +394,13 @@ def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
         acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
         0, unmasked_end, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
         P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
     acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
         acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
         unmasked_end, last, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR,
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
         P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
@@ -399,7 +415,7 @@ def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
     p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
     mbarrier.wait(v_ready.index(stage), phase)
     turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM, V_K_MAJOR), acc,
+    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
                         is_async=True)
     _pass_turn(turn_bars, HALF, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -413,7 +429,7 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_em
                  qk_scale, rows, seqlen_k, causal_shift,
                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                  ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                 HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
                  CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                  V_KEYS_GROUPED: gl.constexpr):
     """The key blocks of one tile (num_blocks >= 1); releases Q after its last S.
@@ -432,14 +448,14 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_em
             acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
             k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
             qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
+            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
             V_KEYS_GROUPED)
     else:
         acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_p(
             acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
             k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
             qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
+            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
             V_KEYS_GROUPED)
     return acc, m_i, l_i, kv_count, turn_count
 
@@ -455,11 +471,15 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
                         q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                         turn_bars, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        OUT_DIM: gl.constexpr,
                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                         HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
                         ROWS: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """Rows [HALF * ROWS, (HALF + 1) * ROWS) of each BLOCK_M tile, on ROWS // 16 warps."""
+    """Rows [HALF * ROWS, (HALF + 1) * ROWS) of each BLOCK_M tile, on ROWS // 16 warps.
+    HEAD_DIM: Q/K's head dim padded to a power of two (TMA zero-fills the padding); V's padded
+    head dim is its tile's; OUT_DIM: V's head dim, the output columns stored."""
     NUM_WARPS: gl.constexpr = ROWS // 16
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[3] if V_K_MAJOR else v_smem.shape[4]
     dtype: gl.constexpr = q_smem.dtype
     # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2 (one more mantissa bit; wgmma
     # takes mixed FP8 operands).
@@ -470,7 +490,7 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, INSTR_K])
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM_V, INSTR_K])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_WIDTH)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q_op = q_smem.reshape([BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
@@ -494,14 +514,14 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
 
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
         mbarrier.wait(q_ready, tile_count & 1)
         if num_blocks > 0:
             acc, m_i, l_i, kv_count, turn_count = _attend_tile(
                 acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
                 k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
                 qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-                ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
+                ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
                 V_KEYS_GROUPED)
         else:
             mbarrier.arrive(q_empty, count=1)
@@ -510,12 +530,14 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
         l_safe = gl.where(l_i == 0.0, 1.0, l_i)
         acc = acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout)), 1)
         out_rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-        out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        out_cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
         out_ptrs = (out_ptr + batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
                     + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
                     + gl.expand_dims(out_cols, 0))
-        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(out_rows < seqlen_q, 1))
+        out_mask = gl.expand_dims(out_rows < seqlen_q, 1)
+        if OUT_DIM != HEAD_DIM_V:
+            out_mask = out_mask & gl.expand_dims(out_cols < OUT_DIM, 0)
+        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
         if RETURN_LSE:
             lse = gl.where(l_i == 0.0, float("-inf"),
                            (m_i + gl.log2(l_safe)) * 0.6931471805599453)
@@ -533,7 +555,7 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
                          stride_k_descale_b, stride_k_descale_h,
                          stride_v_descale_b, stride_v_descale_h,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                         OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                          HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
                          SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
                          V_KEYS_GROUPED: gl.constexpr):
@@ -576,14 +598,14 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
+                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
                                    V_KEYS_GROUPED)),
             (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
+                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
                                    V_KEYS_GROUPED)),
             (_loader_partition, loader_args),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -594,7 +616,7 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
                                    q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
                                    stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
+                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
                                    V_KEYS_GROUPED)),
             (_loader_partition, loader_args),
         ], [1], [LOADER_REGS])
@@ -611,7 +633,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           stride_k_descale_b, stride_k_descale_h,
                           stride_v_descale_b, stride_v_descale_h,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                          OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
                           HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
                           SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
                           V_KEYS_GROUPED: gl.constexpr):
@@ -622,7 +644,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                          stride_q_descale_b, stride_q_descale_h,
                          stride_k_descale_b, stride_k_descale_h,
                          stride_v_descale_b, stride_v_descale_h,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
+                         BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
                          HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS, V_KEYS_GROUPED)
 
 
@@ -659,16 +681,19 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     """The kernel launch for inputs that attention_sm90_policy.supports() accepted; `.run()`
     writes out (and lse). v_keys_grouped: v is fp8.k_major_copy(..., group_keys=True)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     is_fp8 = q.dtype in FP8_DTYPES
-    config = config or CONFIGS[(head_dim, is_fp8)]
+    config = config or config_for(head_dim, head_dim_v, is_fp8)
     block_m = config.block_m
     v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     block_n = config.block_n
+    # Tiles span the head dims padded to powers of two (96 -> 128, 192 -> 256).
+    dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
 
-    # [batch, heads, seqlen, head_dim] views, so that TMA zero-fills past each sequence's end.
-    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, head_dim])
-    k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
+    # [batch, heads, seqlen, head_dim] views, so that TMA zero-fills past each sequence's end
+    # and past the head dim (the padding).
+    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim])
+    k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim])
     if v_keys_grouped:
         # The copy holds its keys up to grouped_seqlen in memory, and the last group's real
         # keys may sit past seqlen_k: TMA must read them rather than zero-fill.
@@ -676,17 +701,17 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
             raise ValueError(f"a grouped-order V must be K-major with BLOCK_N a multiple of "
                              f"{KEY_GROUP}: {config}")
         v_view = v.permute(0, 2, 3, 1)
-        v_desc = _descriptor(v_view, [1, 1, head_dim, block_n],
+        v_desc = _descriptor(v_view, [1, 1, dim_v, block_n],
                              list(v_view.shape[:3]) + [grouped_seqlen(seqlen_k)])
     elif v_k_major:
-        v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, head_dim, block_n])
+        v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, dim_v, block_n])
     else:
-        v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, head_dim])
+        v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
 
     num_m_blocks = -(-seqlen_q // block_m)
     num_tiles = num_m_blocks * batch * num_q_heads
     programs = min(num_programs or num_sms(q.device), num_tiles)
-    group_heads = heads_per_group(causal, seqlen_k, head_dim + v.shape[3], q.element_size())
+    group_heads = heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size())
     tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
                                                programs, q.device, group_heads)
     q_descale, sqb, sqh = _descale_args(q_descale)
@@ -704,7 +729,8 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         stride_v_descale_b=svb, stride_v_descale_h=svh,
     )
     constexprs = dict(
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=config.num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim, OUT_DIM=head_dim_v,
+        NUM_STAGES=config.num_stages,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
         SPLIT=config.split, LOADER_REGS=LOADER_REGS, V_KEYS_GROUPED=v_keys_grouped,
     )

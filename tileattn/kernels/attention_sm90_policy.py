@@ -9,15 +9,15 @@ from __future__ import annotations
 import torch
 
 from ..arch import FP8_DTYPES
-from .attention_sm90 import CONFIGS
 from .gluon_common import GL_DTYPES, tma_ready
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """Whether attention_sm90_launch handles these (already validated) inputs."""
-    head_dim = q.shape[3]
-    if q.dtype not in GL_DTYPES or v.shape[3] != head_dim or (head_dim, False) not in CONFIGS:
-        return False  # Dv != D (e.g. 192/128) and 96/192 run on the portable kernel
+    # Every head-dim pair attention() accepts (64, 96, 128, 192, 256; Dv may differ from D) has
+    # a config row (config_for): tiles pad 96 and 192 to powers of two.
+    if q.dtype not in GL_DTYPES:
+        return False
     v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     if (q.dtype in FP8_DTYPES) != v_k_major:
         return False  # 16-bit K-major V compiles but has not run on a GPU yet
@@ -35,13 +35,14 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
 MIN_WORK = 1 << 34
 
 
-def preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+def preferred(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """Where this kernel measured faster than the portable one on H100 (benchmarks/NOTES.md,
     "Where the sm90 kernel should run", session 5): 16-bit at D 128 or 256, causal or not
     (causal since its tiles are scheduled in L2-sized head groups: D=128 N=16k 600 vs 483
-    TFLOP/s), from MIN_WORK up. It loses at D=64 (334 vs 348 at N=1024) and for FP8 (D=128
-    N=16k 664 vs 776: the portable kernel's FP8 is faster)."""
+    TFLOP/s), from MIN_WORK up, with Dv = D. It loses at D=64 (334 vs 348 at N=1024) and for
+    FP8 (D=128 N=16k 664 vs 776: the portable kernel's FP8 is faster). Padded head dims (96,
+    192) and Dv != D have not been timed: they run here only under TILEATTN_KERNEL=sm90."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
     return (q.dtype in (torch.float16, torch.bfloat16) and head_dim in (128, 256)
-            and work >= MIN_WORK)
+            and v.shape[3] == head_dim and work >= MIN_WORK)
