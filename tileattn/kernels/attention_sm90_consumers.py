@@ -185,17 +185,11 @@ def _key_blocks_carry_s(acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_
 
 
 @gluon.jit
-def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                         qk_scale, rows, seqlen_k, causal_shift,
-                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                         CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
-    """A tile's key blocks, the loop carrying P (block 0 peeled)."""
-    # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
-    # once per tile) so that tiles whose first block crosses the diagonal need no branch.
+def _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty, turn_bars,
+             s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+             HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr,
+             PINGPONG: gl.constexpr):
+    """S_0 of a tile, alone (nothing to overlap it with): (s, its ring slot and phase, turn)."""
     stage = kv_count % NUM_STAGES
     phase = (kv_count // NUM_STAGES) & 1
     mbarrier.wait(k_ready.index(stage), phase)
@@ -206,6 +200,40 @@ def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
     _pass_turn(turn_bars, HALF, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(stage), count=1)
+    return s, stage, phase, turn_count
+
+
+@gluon.jit
+def _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty, turn_bars,
+             BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr, V_K_MAJOR: gl.constexpr,
+             HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """O += P V for a tile's last block, alone, waited for: (acc, turn)."""
+    mbarrier.wait(v_ready.index(stage), phase)
+    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
+    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
+                        is_async=True)
+    _pass_turn(turn_bars, HALF, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(stage), count=1)
+    return acc, turn_count
+
+
+@gluon.jit
+def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
+                         qk_scale, rows, seqlen_k, causal_shift,
+                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr,
+                         V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
+                         HALF: gl.constexpr, PINGPONG: gl.constexpr,
+                         V_KEYS_GROUPED: gl.constexpr):
+    """A tile's key blocks, the loop carrying P (block 0 peeled)."""
+    # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
+    # once per tile) so that tiles whose first block crosses the diagonal need no branch.
+    s, stage, phase, turn_count = _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty,
+                                           turn_bars, s_layout, ROWS, BLOCK_N, HEAD_DIM,
+                                           NUM_STAGES, HALF, PINGPONG)
     p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
                                              causal_shift, s_layout, BLOCK_N, True, CAUSAL)
     p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
@@ -225,13 +253,8 @@ def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(q_empty, count=1)
-    mbarrier.wait(v_ready.index(stage), phase)
-    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
-                        is_async=True)
-    _pass_turn(turn_bars, HALF, PINGPONG)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(v_empty.index(stage), count=1)
+    acc, turn_count = _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty,
+                               turn_bars, BLOCK_N, HEAD_DIM_V, V_K_MAJOR, HALF, PINGPONG)
     return acc, m_i, l_i, kv_count, turn_count
 
 
@@ -241,22 +264,16 @@ def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
                          qk_scale, rows, seqlen_k, causal_shift,
                          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                          ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                         CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr,
+                         V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
+                         HALF: gl.constexpr, PINGPONG: gl.constexpr,
                          V_KEYS_GROUPED: gl.constexpr):
     """A tile's key blocks, the loop carrying S (the last block peeled)."""
     # S_0 alone; then blocks 0 .. last-1 (unmasked while every row sees the whole
     # block, masked after), each issuing the next S with its own P V; then the last.
-    stage = kv_count % NUM_STAGES
-    phase = (kv_count // NUM_STAGES) & 1
-    mbarrier.wait(k_ready.index(stage), phase)
-    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
-                      gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout),
-                      use_acc=False, is_async=True)
-    _pass_turn(turn_bars, HALF, PINGPONG)
-    s = warpgroup_mma_wait(0, deps=(s,))
-    mbarrier.arrive(k_empty.index(stage), count=1)
+    s, stage, phase, turn_count = _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty,
+                                           turn_bars, s_layout, ROWS, BLOCK_N, HEAD_DIM,
+                                           NUM_STAGES, HALF, PINGPONG)
     kv_count += 1
     # O is an in-flight wgmma accumulator across the loops: each iteration's P V runs
     # on under the next iteration's softmax.
@@ -286,13 +303,8 @@ def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
                     pred=last > 0)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
-    mbarrier.wait(v_ready.index(stage), phase)
-    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
-                        is_async=True)
-    _pass_turn(turn_bars, HALF, PINGPONG)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(v_empty.index(stage), count=1)
+    acc, turn_count = _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty,
+                               turn_bars, BLOCK_N, HEAD_DIM_V, V_K_MAJOR, HALF, PINGPONG)
     return acc, m_i, l_i, kv_count, turn_count
 
 
@@ -302,7 +314,8 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_em
                  qk_scale, rows, seqlen_k, causal_shift,
                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                  ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                 HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr,
+                 P_DTYPE: gl.constexpr,
                  CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                  V_KEYS_GROUPED: gl.constexpr):
     """The key blocks of one tile (num_blocks >= 1); releases Q after its last S.
