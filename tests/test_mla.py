@@ -1,8 +1,8 @@
 """mla_decode() against the fp64 reference (on CPU the real Triton kernels run in the
 interpreter), and every bad input it must refuse.
 
-bf16 tl.dot is unreliable in the interpreter, so q here is fp16 with fp16 or FP8 caches; bf16
-runs in tests/gpu/test_mla_gpu.py.
+q is fp16 or bf16 (bf16 runs on the CPU thanks to tests/interpreter_fixes.py), the cache q's
+dtype or FP8; real head counts and long batches run in tests/gpu/test_mla_gpu.py.
 """
 
 import dataclasses
@@ -29,7 +29,8 @@ needs_kernels = pytest.mark.skipif(torch.cuda.is_available() or not interpreter_
                                    reason="CPU interpreter tests (GPU runs tests/gpu)")
 
 
-def make_inputs(seq_lens, num_heads=16, q_len=1, page_size=16, kv_dtype=torch.float16, seed=0):
+def make_inputs(seq_lens, num_heads=16, q_len=1, page_size=16, kv_dtype=torch.float16, seed=0,
+                q_dtype=torch.float16):
     """Pages of each sequence scattered over the cache (a random permutation), plus unused
     page-table columns filled with an invalid id the kernel must never read."""
     gen = torch.Generator().manual_seed(seed)
@@ -44,7 +45,7 @@ def make_inputs(seq_lens, num_heads=16, q_len=1, page_size=16, kv_dtype=torch.fl
     for b, count in enumerate(used):
         page_table[b, :count] = order[taken:taken + count].to(torch.int32)
         taken += count
-    q = torch.randn(batch, q_len, num_heads, 576, generator=gen).half()
+    q = torch.randn(batch, q_len, num_heads, 576, generator=gen).to(q_dtype)
     descale = None
     if kv_dtype == E4M3:
         descale = torch.tensor(0.25)
@@ -78,11 +79,15 @@ CASES = [
 
 @needs_kernels
 @pytest.mark.parametrize("schedule", ["split_dv", "dup_qk"])
-@pytest.mark.parametrize("kv_dtype", [torch.float16, E4M3], ids=str)
+@pytest.mark.parametrize("dtypes", [(torch.float16, torch.float16), (torch.float16, E4M3),
+                                    (torch.bfloat16, torch.bfloat16), (torch.bfloat16, E4M3)],
+                         ids=lambda d: f"q{str(d[0])[6:]}-kv{str(d[1])[6:]}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"p{c[1]}-q{c[2]}-{'_'.join(map(str, c[0]))}")
-def test_matches_reference(case, kv_dtype, schedule):
+def test_matches_reference(case, dtypes, schedule):
     seq_lens, page_size, q_len = case
-    inputs = make_inputs(seq_lens, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype)
+    q_dtype, kv_dtype = dtypes
+    inputs = make_inputs(seq_lens, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype,
+                         q_dtype=q_dtype)
     q, kv, page_table, lens, descale = inputs
     plan = tileattn.mla_plan(lens, num_heads=16, q_len=q_len, page_size=page_size,
                              kv_dtype=kv.dtype, device="cpu", schedule=schedule)
@@ -140,8 +145,7 @@ def test_sm80_byte_decoding_of_fp8():
                          ids=["unit-q", "q-past-fp16-range", "v-in-4-chunks"])
 def test_fp8_cache_with_fp16_mmas(q_magnitude, v_chunks):
     """The fp8_in_f16 knob runs the MMAs in fp16 for a bf16 q: rows of q past fp16's range
-    (65504) must be scaled down exactly and their scores scaled back. (bf16 q runs here only
-    because this path has no bf16 dot, which the interpreter gets wrong.) fp8_v_chunks splits
+    (65504) must be scaled down exactly and their scores scaled back. fp8_v_chunks splits
     the re-read V and the accumulator into column chunks. (fp8_v_asm_rows, inline PTX, cannot
     run in the interpreter: the launch leaves it off here.)"""
     q, kv, page_table, lens, descale = make_inputs([3, 70, 129], q_len=2, kv_dtype=E4M3)

@@ -1,4 +1,4 @@
-"""mla_decode() on a real GPU: bf16 (the interpreter cannot test it), real head counts, long
+"""mla_decode() on a real GPU: bf16 on the compiled kernels, real head counts, long
 mixed-length batches, FP8 caches, both schedules, and CUDA-graph capture + replay. Skipped on
 machines without CUDA; run through the device tool."""
 

@@ -1,0 +1,79 @@
+"""Corrections to Triton 3.6.0's CPU interpreter, so that kernels run on the CPU round and
+multiply as they do on the GPU. Applied by conftest.py when the interpreter is active; checked
+by tests/test_interpreter_fixes.py. Test infrastructure only: tileattn itself never patches
+Triton.
+
+What the interpreter gets wrong (triton/runtime/interpreter.py, 3.6.0):
+- Float downcasts to FP8 with round-to-nearest-even add the rounding bit to the mantissa field
+  without carrying into the exponent: a value that rounds up to the next power of two comes
+  out halved when its exponent is odd (0.49 -> 0.25 in e4m3). Ties round up, not to even, and
+  there is no saturation (the GPU's cvt.rn.satfinite clamps to the largest finite value).
+- FP8 upcasts read e4m3's NaN (0x7f / 0xff) as 480.
+- fp32 -> bf16 truncates (the GPU's fptrunc rounds to nearest even).
+- tl.dot on bf16 operands multiplies their raw uint16 storage as integers, so any bf16 dot is
+  wrong (the reason bf16 was untested on the CPU).
+Each is replaced by torch's conversion (round to nearest even, NaN kept) or by an fp32 matmul
+of the bf16 values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+
+TRITON_VERSION = "3.6.0"
+
+_TORCH_DTYPES = {
+    tl.float64: torch.float64, tl.float32: torch.float32, tl.float16: torch.float16,
+    tl.bfloat16: torch.bfloat16, tl.float8e4nv: torch.float8_e4m3fn,
+    tl.float8e5: torch.float8_e5m2,
+}
+# Storage of each dtype's bits as the interpreter holds them (bf16 and FP8 as unsigned ints).
+_BITS = {8: (np.uint8, torch.uint8), 16: (np.uint16, torch.uint16), 32: (np.uint32, torch.uint32),
+         64: (np.uint64, torch.uint64)}
+
+_original_convert_float = interpreter._convert_float
+_original_create_dot = interpreter.InterpreterBuilder.create_dot
+
+
+def _to_torch(data: np.ndarray, dtype) -> torch.Tensor:
+    """The interpreter's array of `dtype` values (any storage of the right width) as a torch
+    tensor of that dtype."""
+    np_bits, torch_bits = _BITS[dtype.primitive_bitwidth]
+    bits = np.ascontiguousarray(data).view(np_bits)
+    return torch.from_numpy(bits.copy()).view(torch_bits).view(_TORCH_DTYPES[dtype])
+
+
+def _convert_float(input, input_dtype, output_dtype, rounding_mode):
+    if (input_dtype not in _TORCH_DTYPES or output_dtype not in _TORCH_DTYPES
+            or rounding_mode == interpreter._ir.ROUNDING_MODE.RTZ):
+        return _original_convert_float(input, input_dtype, output_dtype, rounding_mode)
+    values = _to_torch(input, input_dtype)
+    target = _TORCH_DTYPES[output_dtype]
+    if output_dtype.primitive_bitwidth == 8:
+        # cvt.rn.satfinite: out-of-range values clamp to the largest finite value; NaN stays.
+        finite = torch.finfo(target).max
+        values = torch.where(values.isnan(), values, values.double().clamp(-finite, finite))
+    out = values.to(target).view(_BITS[output_dtype.primitive_bitwidth][1])
+    return out.numpy().reshape(np.shape(input))
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
+        return _original_create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    a_data, b_data = (_to_torch(x.data, x.dtype.scalar).float().numpy() for x in (a, b))
+    return interpreter.TensorHandle(np.matmul(a_data, b_data, dtype=d.data.dtype) + d.data,
+                                    d.dtype.scalar)
+
+
+def apply() -> None:
+    """Install the corrections (idempotent). Refuses another Triton version: its interpreter
+    may differ, and the fixes must be re-checked against it."""
+    if triton.__version__ != TRITON_VERSION:
+        raise RuntimeError(f"tests/interpreter_fixes.py targets Triton {TRITON_VERSION}'s "
+                           f"interpreter, found {triton.__version__}: re-check the fixes")
+    interpreter._convert_float = _convert_float
+    interpreter.InterpreterBuilder.create_dot = _create_dot
