@@ -15,8 +15,8 @@ if not HAS_GPU:
 if os.environ.get("TRITON_INTERPRET") == "1":
     # Triton 3.6's interpreter rounds FP8 and bf16 unlike the GPU and cannot multiply bf16:
     # corrected here so that CPU runs check the kernels, not the interpreter's arithmetic.
-    from . import interpreter_fixes
-    interpreter_fixes.apply()
+    from tileattn import interpreter_fixes
+    assert interpreter_fixes.apply(), "tests pin triton==3.6.0, whose interpreter this corrects"
 
 # Relative L2 error allowed against the fp64 reference computed on the same (quantized) inputs,
 # per input dtype: about twice the worst error measured. FP8 is dominated by P being rounded to

@@ -13,7 +13,7 @@ from tileattn.reference import attention_reference
 from .conftest import LSE_TOLERANCES, TOLERANCES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# bf16 runs on the CPU thanks to tests/interpreter_fixes.py (Triton 3.6's interpreter
+# bf16 runs on the CPU thanks to tileattn/interpreter_fixes.py (Triton 3.6's interpreter
 # multiplies bf16 storage as integers).
 CPU_DTYPES = [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
 

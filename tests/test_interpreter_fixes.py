@@ -1,4 +1,4 @@
-"""The CPU interpreter, as corrected by tests/interpreter_fixes.py, rounds and multiplies like
+"""The CPU interpreter, as corrected by tileattn/interpreter_fixes.py, rounds and multiplies like
 the GPU: FP8 and bf16 casts match torch's (round to nearest even, FP8 saturating, NaN kept) and
 a bf16 tl.dot matches an fp32 matmul. Each test fails on Triton 3.6.0's own interpreter."""
 

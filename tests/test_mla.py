@@ -1,7 +1,7 @@
 """mla_decode() against the fp64 reference (on CPU the real Triton kernels run in the
 interpreter), and every bad input it must refuse.
 
-q is fp16 or bf16 (bf16 runs on the CPU thanks to tests/interpreter_fixes.py), the cache q's
+q is fp16 or bf16 (bf16 runs on the CPU thanks to tileattn/interpreter_fixes.py), the cache q's
 dtype or FP8; real head counts and long batches run in tests/gpu/test_mla_gpu.py.
 """
 
