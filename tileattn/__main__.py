@@ -99,6 +99,13 @@ def _info(args) -> None:
 
 
 def _bench(args) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Timings of the interpreter mean nothing, and the peers (cuDNN, FlashAttention) need a GPU.
+        sys.exit("python -m tileattn bench needs a CUDA GPU (none is visible to torch "
+                 f"{torch.__version__}); on a CPU, `python -m tileattn demo` runs the kernels "
+                 "in Triton's interpreter")
     if args.mla:
         from tileattn.bench import mla
         mla.run(out_dir=args.out, quick=args.quick)
