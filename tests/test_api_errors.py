@@ -43,7 +43,21 @@ CASES = {
     "causal not bool": (lambda: inputs(), {"causal": 1}, TypeError, "causal must be a bool"),
     "negative softmax_scale": (lambda: inputs(), {"softmax_scale": -1.0}, ValueError, "softmax_scale must be"),
     "bad out_dtype": (lambda: inputs(), {"out_dtype": torch.int8}, TypeError, "out_dtype must be"),
+    # No backward pass: a differentiable input would get an output carrying no gradient.
+    "k requires grad": (lambda: (inputs()[0], inputs()[1].requires_grad_(), inputs()[2]), {},
+                        ValueError, "k requires grad, but tileattn.attention has no backward"),
+    "descale requires grad": (fp8_inputs, {"v_descale": torch.ones((), requires_grad=True)},
+                              ValueError, "v_descale requires grad"),
 }
+
+
+def test_inputs_requiring_grad_run_when_autograd_is_off():
+    q, k, v = inputs()
+    q.requires_grad_()
+    with torch.no_grad():
+        assert tileattn.attention(q, k, v).shape == q.shape
+    with torch.inference_mode():
+        assert tileattn.attention(q.detach(), k, v).shape == q.shape
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))

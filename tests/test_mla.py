@@ -226,6 +226,8 @@ ERROR_CASES = {
     "page id out of range": (_bad_page, ValueError, r"page_table\[1, 1\]"),
     "negative page id": (lambda: good(page_table=good()["page_table"] * 0 - 1), ValueError,
                          r"page_table\[0, 0\] = -1"),
+    "q requires grad": (lambda: good(q=good()["q"].requires_grad_()), ValueError,
+                        "q requires grad, but tileattn.mla_decode has no backward"),
     "descale with 16-bit cache": (lambda: good(kv_descale=torch.tensor(1.0)), ValueError,
                                   "kv_descale applies only to a float8_e4m3fn kv_cache"),
     "descale float64": (lambda: good(kv_cache=good()["kv_cache"].to(E4M3),

@@ -34,6 +34,19 @@ def check_tensor(name: str, x, ndim: int) -> None:
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
 
 
+def check_no_grad(function: str, **tensors) -> None:
+    """tileattn has no backward pass: an input that requires grad while autograd records would
+    get an output that silently carries no gradient back (a model training through it would
+    not learn its attention inputs). Refused, naming the argument."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(f"{name} requires grad, but tileattn.{function} has no backward pass "
+                             f"(its output would carry no gradient to {name}): call it under "
+                             f"torch.no_grad() or torch.inference_mode(), or pass {name}.detach()")
+
+
 def check_same_device(**tensors) -> torch.device:
     named = [(name, t) for name, t in tensors.items() if t is not None]
     device = named[0][1].device
@@ -75,6 +88,8 @@ def _check_attention_inputs(q, k, v, causal, softmax_scale, q_descale, k_descale
                             f"got {x.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    check_no_grad("attention", q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
+                  v_descale=v_descale)
 
     batch, _, num_q_heads, head_dim = q.shape
     _, seqlen_k, num_kv_heads, _ = k.shape
@@ -215,13 +230,14 @@ def _unit_descale(device: torch.device) -> torch.Tensor:
 def _call_signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                     out_dtype, return_lse) -> tuple | None:
     """The cache key of a call, or None for a call the cache does not take (anything but plain
-    tensors; CPU tensors, which never launch through it)."""
+    tensors; CPU tensors, which never launch through it; tensors that require grad, which the
+    checks refuse while autograd records)."""
     parts = [type(causal), causal, softmax_scale is None, out_dtype, return_lse,
              os.environ.get("TILEATTN_KERNEL"), os.environ.get("TILEATTN_FP8_V_KEYS")]
     for x in (q, k, v, q_descale, k_descale, v_descale):
         if x is None:
             parts.append(None)
-        elif type(x) is torch.Tensor and x.is_cuda:
+        elif type(x) is torch.Tensor and x.is_cuda and not x.requires_grad:
             parts.append((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16))
         else:
             return None
@@ -385,6 +401,7 @@ def _check_mla_inputs(q, kv_cache, page_table, seq_lens, softmax_scale, kv_desca
                         f"got {kv_cache.dtype}")
     if page_table.dtype != torch.int32:
         raise TypeError(f"page_table must be int32, got {page_table.dtype}")
+    check_no_grad("mla_decode", q=q, kv_cache=kv_cache, kv_descale=kv_descale)
     for name, dim in (("q", head_dim), ("kv_cache", kv_cache.shape[2])):
         if dim != mla_kernels.HEAD_DIM_QK:
             raise ValueError(f"{name}'s last dim must be {mla_kernels.HEAD_DIM_QK} "
