@@ -20,15 +20,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 # Relative L2 error allowed against the fp64 reference computed on the same (quantized) inputs,
 # per input dtype: about twice the worst error measured. FP8 is dominated by P being rounded to
-# e4m3 before P@V (for e5m2 inputs too): worst 0.022 over tests/test_attention.py's shapes in
-# the corrected interpreter, 0.019 on H100 (results/2026-11-22-h100-accuracy.json). bf16:
-# worst 0.0021 on the CPU, 0.002 on H100. (Before the interpreter's FP8 rounding was corrected,
-# CPU errors reached 0.08 and these bounds were 8e-2 / 1.5e-1 / 1.6e-2.)
+# e4m3 before P@V (for e5m2 inputs too): worst 0.026 in the corrected interpreter, over
+# tests/test_attention.py's shapes and the GPU tests' extreme ones (one query over 4097 keys),
+# 0.019 on H100 (results/2026-11-22-h100-accuracy.json). bf16: worst 0.0023 on the CPU, 0.002
+# on H100. (Before the interpreter's FP8 rounding was corrected, CPU errors reached 0.08 and
+# these bounds were 8e-2 / 1.5e-1 / 1.6e-2.)
 TOLERANCES = {
     torch.float16: 2e-3,
     torch.bfloat16: 8e-3,
-    torch.float8_e4m3fn: 4e-2,
-    torch.float8_e5m2: 4e-2,
+    torch.float8_e4m3fn: 5e-2,
+    torch.float8_e5m2: 5e-2,
 }
 
 # Bound on |lse - ref| / max(1, |ref|). FP8 QK^T runs on FP8 tensor cores whose fp32
