@@ -17,6 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .gluon_common import online_softmax
 
+
 @gluon.jit
 def _tile_coords(tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -315,9 +316,8 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_em
                  s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                  ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                 P_DTYPE: gl.constexpr,
-                 CAUSAL: gl.constexpr, HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                 V_KEYS_GROUPED: gl.constexpr):
+                 P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr, HALF: gl.constexpr,
+                 PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
     """The key blocks of one tile (num_blocks >= 1); releases Q after its last S.
 
     Each key-loop iteration overlaps one block's softmax with the previous block's P V. Where
@@ -334,15 +334,15 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_em
             acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
             k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
             qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
-            V_KEYS_GROUPED)
+            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF,
+            PINGPONG, V_KEYS_GROUPED)
     else:
         acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_p(
             acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
             k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
             qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
-            V_KEYS_GROUPED)
+            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF,
+            PINGPONG, V_KEYS_GROUPED)
     return acc, m_i, l_i, kv_count, turn_count
 
 
@@ -407,8 +407,8 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
                 acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
                 k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
                 qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-                ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF, PINGPONG,
-                V_KEYS_GROUPED)
+                ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL,
+                HALF, PINGPONG, V_KEYS_GROUPED)
         else:
             mbarrier.arrive(q_empty, count=1)
 
