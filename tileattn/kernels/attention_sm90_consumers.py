@@ -48,14 +48,14 @@ def _k_operand(k_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
                V_K_MAJOR: gl.constexpr):
-    """V [BLOCK_N, HEAD_DIM] (V's padded head dim): a K-major view of a [HEAD_DIM, BLOCK_N]
+    """V [BLOCK_N, HEAD_DIM_V] (V's padded head dim): a K-major view of a [HEAD_DIM_V, BLOCK_N]
     tile, or the tile itself."""
     if V_K_MAJOR:
-        return v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+        return v_smem.index(stage).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0))
     else:
-        return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM])
+        return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
 
 
 @gluon.jit
