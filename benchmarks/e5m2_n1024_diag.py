@@ -2,7 +2,7 @@
 eager, CUDA-graph replay, V pre-transposed, and a profiler table of the kernels.
 Run: PYTHONPATH=$PWD python3 benchmarks/e5m2_n1024_diag.py (results in benchmarks/NOTES.md)."""
 import torch, triton, tileattn
-from tileattn.kernels import cross_compile as cc
+from tileattn.kernels import compile as cc
 q = torch.randn(4, 1024, 32, 128, device="cuda")
 for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
     (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x, dtype) for x in (q, q, q))

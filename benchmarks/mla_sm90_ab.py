@@ -19,7 +19,7 @@ import triton
 
 import tileattn
 from tileattn.api import plan_for_config
-from tileattn.kernels import mla_decode as mla_kernels
+from tileattn.kernels.mla import decode as mla_kernels
 from tileattn.bench.common import copy_gbps, device_facts, spin_up
 from tileattn.bench.mla import _make_cache
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tileattn import arch
-from tileattn.kernels.attention_fwd import CONFIGS, config_for
+from tileattn.kernels.attention.fwd import CONFIGS, config_for
 
 FP8 = torch.float8_e4m3fn
 

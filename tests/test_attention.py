@@ -7,7 +7,8 @@ import torch
 
 import tileattn
 from tileattn import arch as arch_module
-from tileattn.kernels import attention_fwd, interpreter_active
+from tileattn.kernels.attention import fwd as attention_fwd
+from tileattn.kernels.runtime import interpreter_active
 from tileattn.reference import attention_reference
 
 from .conftest import LSE_TOLERANCES, TOLERANCES
@@ -168,7 +169,7 @@ def test_fp8_v_is_made_k_major_where_the_arch_needs_it(monkeypatch):
         seen["v_stride_seq"] = v.stride(1)
         return real_launch(q, k, v, *args[:-1], arch_module.CPU, **kwargs)
 
-    monkeypatch.setattr("tileattn.api.arch_of", lambda device: arch_module.arch_for_capability((9, 0)))
+    monkeypatch.setattr("tileattn.ops.attention.arch_of", lambda device: arch_module.arch_for_capability((9, 0)))
     monkeypatch.setattr(attention_fwd, "attention_launch", spy)
     for dtype, k_major in ((torch.float8_e4m3fn, True), (torch.float16, False)):
         q, k, v, descales = make_inputs((1, 20, 20, 2, 2, 64, 64, False), dtype)
@@ -176,19 +177,3 @@ def test_fp8_v_is_made_k_major_where_the_arch_needs_it(monkeypatch):
             pytest.skip("CPU without the interpreter runs the reference, not the kernel")
         tileattn.attention(q, k, v, **descales)
         assert (seen["v_stride_seq"] == 1) == k_major
-
-
-def test_cpu_without_interpreter_uses_the_reference():
-    """The documented laptop path: CPU tensors, TRITON_INTERPRET unset -> fp64 reference."""
-    from .compile_helpers import run_without_interpreter
-    result = run_without_interpreter(r'''
-import json, torch, tileattn
-from tileattn.kernels import interpreter_active
-from tileattn.reference import attention_reference
-q, k, v = (torch.randn(1, 33, 2, 64).half() for _ in range(3))
-out, lse = tileattn.attention(q, k, v, causal=True, return_lse=True)
-ref, ref_lse = attention_reference(q, k, v, causal=True)
-print(json.dumps({"interpreted": interpreter_active(), "dtype": str(out.dtype),
-                  "out_exact": bool(torch.equal(out, ref.half())), "lse_exact": bool(torch.equal(lse, ref_lse.float()))}))
-''')
-    assert result == {"interpreted": False, "dtype": "torch.float16", "out_exact": True, "lse_exact": True}

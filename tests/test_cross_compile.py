@@ -11,25 +11,22 @@ from .compile_helpers import run_without_interpreter
 CHILD = r'''
 import json, re, torch
 from tileattn.arch import arch_for_capability
-from tileattn.kernels.attention_fwd import CAUSAL_CONFIGS, CONFIGS, attention_launch
-from tileattn.kernels.cross_compile import cross_compile
+from tileattn.kernels.attention.fwd import CAUSAL_CONFIGS, CONFIGS, attention_launch
+from tileattn.kernels.compile import cross_compile
 from tileattn.fp8 import prepare_v
 
 CAPABILITY = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0)}
 
-def compile_case(cap, head_dim, dtype, k_major_v, causal=False, grouped=False):
+def compile_case(cap, head_dim, dtype, k_major_v, causal=False):
     arch = arch_for_capability(cap)
     q = torch.empty(1, 256, 2, head_dim, dtype=dtype)
     k, v = torch.empty_like(q), torch.empty_like(q)
-    if grouped:   # fp8.k_major_copy(v, group_keys=True)'s layout (its kernel needs a GPU here)
-        v = torch.empty(1, 2, head_dim, 256, dtype=dtype).permute(0, 3, 1, 2)
-    elif k_major_v:
+    if k_major_v:
         v = prepare_v(v)
     out = torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 256)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
-    launch = attention_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal, arch,
-                              v_keys_grouped=grouped)
+    launch = attention_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal, arch)
     c = cross_compile(launch, cap[0] * 10 + cap[1])
     count = lambda pattern: len(re.findall(pattern, c.ptx))
     return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
@@ -55,11 +52,7 @@ for (name, width, is_fp8), config in CAUSAL_CONFIGS.items():
                  **compile_case(cap, width, dtype, k_major, causal=True)})
 fp8_layouts = {str(k_major): compile_case((9, 0), 128, torch.float8_e4m3fn, k_major)
                for k_major in (True, False)}
-grouped = {f"{width}-{causal}": {str(g): compile_case((9, 0), width, torch.float8_e4m3fn, True,
-                                                      causal=causal, grouped=g)
-                                  for g in (False, True)}
-           for width, causal in ((64, False), (128, False), (128, True), (256, False))}
-print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "grouped": grouped}))
+print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts}))
 '''
 
 
@@ -91,13 +84,3 @@ def test_k_major_fp8_v_is_loaded_asynchronously(compiled):
     k_major, row_major = compiled["fp8_layouts"]["True"], compiled["fp8_layouts"]["False"]
     assert k_major["cp_async"] >= 2 * row_major["cp_async"] - 8
     assert k_major["st_shared"] * 4 < row_major["st_shared"]
-
-
-def test_grouped_v_keys_remove_the_p_shuffle(compiled):
-    """sm90 FP8: with V in grouped key order (kernels/layout.py) P reaches P @ V without the
-    accumulator-to-operand shuffle and byte permutes, and V still rides cp.async."""
-    for name, case in compiled["grouped"].items():
-        natural, grouped = case["False"], case["True"]
-        assert grouped["shfl"] < natural["shfl"] and grouped["prmt"] < natural["prmt"], (name, case)
-        assert grouped["wgmma"] == natural["wgmma"], (name, case)
-        assert grouped["cp_async"] == natural["cp_async"], (name, case)

@@ -1,82 +1,111 @@
-"""Which forward kernel attention() runs: a pure function of chip, inputs and TILEATTN_KERNEL.
-CPU tensors stand in for device tensors (the rule reads only shapes, dtypes and strides)."""
+"""Which kernel runs: dispatch.py is a pure function of chip, inputs and settings. CPU tensors
+stand in for device tensors (the rules read only shapes, dtypes and strides)."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tileattn.api import kernel_for
+import tileattn
+from tileattn import dispatch
 from tileattn.arch import arch_for_capability
 from tileattn.fp8 import prepare_v
 
 SM90, SM80, SM89, SM100 = (arch_for_capability(c) for c in ((9, 0), (8, 0), (8, 9), (10, 0)))
+AUTO = dispatch.Settings()
 
 
-def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096, heads=32):
-    """Uninitialised: the rule reads no values. B=1 H=32 N=4096 D=128 is 4x
-    attention_sm90_policy.MIN_WORK (2x under a causal mask)."""
-    return tuple(torch.empty(1, seqlen, heads, head_dim, dtype=dtype) for _ in range(3))
+def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096, heads=32, head_dim_v=None):
+    """Uninitialised: the rules read no values. B=1 H=32 N=4096 D=128 is 4x SM90_MIN_WORK
+    (2x under a causal mask)."""
+    q, k = (torch.empty(1, seqlen, heads, head_dim, dtype=dtype) for _ in range(2))
+    v = torch.empty(1, seqlen, heads, head_dim_v or head_dim, dtype=dtype)
+    return q, k, v
 
 
-@pytest.fixture(autouse=True)
-def auto(monkeypatch):
-    monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
+def kernel(arch, q, k, v, causal, settings=AUTO):
+    return dispatch.attention_kernel(arch, q, k, v, causal, settings)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_hopper_kernel_where_it_measured_faster(dtype, head_dim, causal):
-    assert kernel_for(SM90, *inputs(dtype, head_dim), causal=causal) == "sm90"
-    # B=4 H=32 N=1024 (benchmarks/dispatch_ab.py): the Hopper kernel won through attention()
-    # except at D=128 causal, where its host launch outlasts the kernel.
-    q, k, v = (torch.empty(4, 1024, 32, head_dim, dtype=dtype) for _ in range(3))
-    assert kernel_for(SM90, q, k, v, causal=False) == "sm90"
-    assert kernel_for(SM90, q, k, v, causal=True) == ("sm90" if head_dim == 256 else "portable")
+@pytest.mark.parametrize("dims", [(128, 128), (256, 256), (96, 96), (192, 128), (192, 192),
+                                  (128, 64)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+def test_hopper_kernel_where_it_measured_faster(dtype, dims, causal):
+    head_dim, head_dim_v = dims
+    assert kernel(SM90, *inputs(dtype, head_dim, head_dim_v=head_dim_v), causal) == "sm90"
+
+
+def test_short_contexts_stay_portable_where_the_launch_outlasts_the_kernel():
+    # B=4 H=32 N=1024: 2^34 of work at D=128, halved under a causal mask.
+    q, k, v = (torch.empty(4, 1024, 32, 128, dtype=torch.bfloat16) for _ in range(3))
+    assert kernel(SM90, q, k, v, False) == "sm90"
+    assert kernel(SM90, q, k, v, True) == "portable"
+    q, k, v = (torch.empty(4, 1024, 32, 256, dtype=torch.bfloat16) for _ in range(3))
+    assert kernel(SM90, q, k, v, True) == "sm90"
 
 
 @pytest.mark.parametrize("case", ["fp8", "d64", "short", "short-causal", "sm80", "sm89",
-                                  "sm100", "misaligned"])
+                                  "sm100", "misaligned", "k-major-v"])
 def test_portable_kernel_elsewhere(case):
     arch = {"sm80": SM80, "sm89": SM89, "sm100": SM100}.get(case, SM90)
     q, k, v = inputs(torch.float8_e4m3fn if case == "fp8" else torch.bfloat16,
                      64 if case == "d64" else 128, 2048 if case.startswith("short") else 4096,
                      heads=8 if case.startswith("short") else 32)
-    if case == "fp8":
+    if case in ("fp8", "k-major-v"):
         v = prepare_v(v)
     if case == "misaligned":  # rows of 132 bf16 (264 B): strides TMA cannot address
         q = torch.empty(1, 4096, 32, 132, dtype=torch.bfloat16)[..., :128]
-    assert kernel_for(arch, q, k, v, causal=case == "short-causal") == "portable"
+    assert kernel(arch, q, k, v, case == "short-causal") == "portable"
 
 
-@pytest.mark.parametrize("dims", [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)],
-                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")
-def test_padded_and_unequal_head_dims_run_here_only_when_forced(dims, monkeypatch):
-    """The Hopper kernel takes Dv != D and the padded 96/192 (its tiles pad to powers of two),
-    but has not been timed there: attention() keeps them on the portable kernel unless
-    TILEATTN_KERNEL=sm90."""
-    head_dim, head_dim_v = dims
-    q, k = inputs(torch.bfloat16, head_dim)[:2]
-    v = torch.empty(1, 4096, 32, head_dim_v, dtype=torch.bfloat16)
-    assert kernel_for(SM90, q, k, v, causal=False) == "portable"
-    monkeypatch.setenv("TILEATTN_KERNEL", "sm90")
-    assert kernel_for(SM90, q, k, v, causal=False) == "sm90"
-    q8, k8 = inputs(torch.float8_e4m3fn, head_dim)[:2]
-    v8 = prepare_v(torch.empty(1, 4096, 32, head_dim_v, dtype=torch.float8_e4m3fn))
-    assert kernel_for(SM90, q8, k8, v8, causal=True) == "sm90"
-
-
-def test_environment_forces_either_kernel(monkeypatch):
+def test_settings_force_either_kernel_where_it_runs():
     q, k, v = inputs()
-    monkeypatch.setenv("TILEATTN_KERNEL", "portable")
-    assert kernel_for(SM90, q, k, v, causal=False) == "portable"
-    monkeypatch.setenv("TILEATTN_KERNEL", "sm90")
-    assert kernel_for(SM90, q, k, v, causal=True) == "sm90"
+    assert kernel(SM90, q, k, v, False, dispatch.Settings(attention="portable")) == "portable"
+    q, k, v = inputs(head_dim=64, seqlen=128)
+    assert kernel(SM90, q, k, v, True, dispatch.Settings(attention="sm90")) == "sm90"
+    # Forcing never sends inputs to a kernel that cannot run them.
     q8, k8, v8 = inputs(torch.float8_e4m3fn)
-    assert kernel_for(SM90, q8, k8, prepare_v(v8), causal=False) == "sm90"
-    assert kernel_for(SM80, q, k, v, causal=False) == "portable"  # no wgmma: never sm90
+    assert kernel(SM90, q8, k8, prepare_v(v8), False, dispatch.Settings(attention="sm90")) == "portable"
+    assert kernel(SM80, q, k, v, False, dispatch.Settings(attention="sm90")) == "portable"
 
 
-def test_bad_environment_value_is_named(monkeypatch):
-    monkeypatch.setenv("TILEATTN_KERNEL", "cudnn")
-    with pytest.raises(ValueError, match="TILEATTN_KERNEL"):
-        kernel_for(SM90, *inputs(), causal=False)
+def test_use_kernels_scopes_the_override():
+    assert dispatch.current() == AUTO
+    with tileattn.use_kernels(attention="portable") as settings:
+        assert dispatch.current().attention == "portable" == settings.attention
+        with tileattn.use_kernels(mla="triton"):
+            assert dispatch.current() == dispatch.Settings(attention="portable", mla="triton")
+        assert dispatch.current().mla == "auto"
+    assert dispatch.current() == AUTO
+    with pytest.raises(ValueError, match="attention kernel must be one of"):
+        with tileattn.use_kernels(attention="cudnn"):
+            pass
+
+
+@pytest.mark.parametrize("rows,page_size,kv_dtype,schedule,expected", [
+    (64, 64, torch.bfloat16, "split_dv", "gluon"),
+    (32, 64, torch.float8_e4m3fn, "split_dv", "gluon"),
+    (16, 64, torch.bfloat16, "split_dv", "triton"),     # too few rows for a 64-row wgmma tile
+    (128, 16, torch.bfloat16, "split_dv", "triton"),    # a tile must lie in one page
+    (128, 64, torch.bfloat16, "dup_qk", "triton"),
+])
+def test_mla_plan_kernel(rows, page_size, kv_dtype, schedule, expected):
+    assert dispatch.mla_kernel(SM90, rows, page_size, kv_dtype, schedule, AUTO) == expected
+    assert dispatch.mla_kernel(SM80, rows, page_size, kv_dtype, schedule, AUTO) == "triton"
+    forced = dispatch.Settings(mla="triton")
+    assert dispatch.mla_kernel(SM90, rows, page_size, kv_dtype, schedule, forced) == "triton"
+
+
+def test_environment_is_read_once_at_import_and_checked():
+    code = ("import tileattn, os; from tileattn import dispatch; "
+            "os.environ['TILEATTN_KERNEL'] = 'sm90'; print(dispatch.current().attention)")
+    run = lambda env: subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                     text=True, env=env)
+    import os
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TILEATTN_")}
+    done = run({**base, "TILEATTN_KERNEL": "portable"})
+    assert done.returncode == 0 and done.stdout.strip() == "portable", done.stderr
+    done = run({**base, "TILEATTN_KERNEL": "cudnn"})
+    assert done.returncode != 0 and "TILEATTN_KERNEL" in done.stderr

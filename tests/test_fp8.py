@@ -40,7 +40,7 @@ def test_prepare_v_layout():
 @pytest.mark.parametrize("head_dim", [64, 96])
 def test_transpose_kernel(head_dim):
     """The Triton transpose behind prepare_v on CUDA, run directly (interpreter on CPU)."""
-    from tileattn.kernels.layout import transpose_v_launch
+    from tileattn.kernels.attention.layout import transpose_v_launch
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fused = torch.randn(2, 77, 2, 3, head_dim, device=device).to(torch.float8_e4m3fn)
     v = fused[:, :, 1]  # strided, as when sliced from a fused kv buffer

@@ -12,8 +12,8 @@ CHILD = r'''
 import json, re, torch
 from tileattn import scheduler
 from tileattn.arch import arch_for_capability
-from tileattn.kernels import mla_decode as mla
-from tileattn.kernels.cross_compile import cross_compile
+from tileattn.kernels.mla import decode as mla
+from tileattn.kernels.compile import cross_compile
 
 CAPABILITY = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0)}
 

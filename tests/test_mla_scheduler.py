@@ -27,7 +27,7 @@ def plan_for(seq_lens, num_sms=132, programs_per_item=1, block_n=32, min_chunk=1
 def test_every_key_covered_exactly_once(seq_lens, programs_per_item):
     plan = plan_for(seq_lens, programs_per_item=programs_per_item)
     covered = [torch.zeros(length, dtype=torch.int32) for length in seq_lens]
-    for batch, start, end, _ in plan.work.tolist():
+    for batch, start, end, _, _ in plan.work.tolist():
         assert 0 <= start < end <= seq_lens[batch]
         covered[batch][start:end] += 1
     for counts in covered:
@@ -40,7 +40,7 @@ def test_slots_are_unique_and_match_batch_slots(seq_lens):
     plan = plan_for(seq_lens)
     batch_slots = plan.batch_slots.tolist()
     slots = {}
-    for batch, start, _, slot in plan.work.tolist():
+    for batch, start, _, slot, _ in plan.work.tolist():
         items = -(-seq_lens[batch] // plan.chunk_size)
         if items == 1:
             assert slot == -1 and batch_slots[batch] == batch_slots[batch + 1]
@@ -65,7 +65,7 @@ def test_balance_bound(seq_lens, programs_per_item):
     fair = -(-sum(seq_lens) * programs_per_item // num_sms)
     assert plan.chunk_size % block_n == 0
     assert plan.chunk_size <= max(min_chunk, fair) + block_n - 1
-    sizes = [end - start for _, start, end, _ in plan.work.tolist()]
+    sizes = [end - start for _, start, end, _, _ in plan.work.tolist()]
     assert max(sizes) <= plan.chunk_size
     if plan.chunk_size > min_chunk + block_n:   # the fair share set the chunk
         assert plan.num_work * programs_per_item <= num_sms + len(seq_lens) * programs_per_item
@@ -89,7 +89,7 @@ def test_config_table_rules_out_a_one_warpgroup_64_row_block():
     """4 warps holding a 64x512 fp32 accumulator faulted on the H100 (benchmarks/NOTES.md)."""
     import pytest
 
-    from tileattn.kernels.mla_decode import MLAConfig
+    from tileattn.kernels.mla.decode import MLAConfig
     with pytest.raises(ValueError, match="accumulator"):
         MLAConfig("split_dv", 64, 64, 1, 4, 2, 128)
     MLAConfig("split_dv", 32, 64, 1, 4, 2, 128)  # <= 32 rows on 4 warps is the sm90 small row

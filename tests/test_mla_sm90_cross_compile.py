@@ -5,8 +5,8 @@ Proves they fit 227 KB of shared memory, run both GEMMs on wgmma fed by TMA, rai
 consumer warpgroups' registers with setmaxnreg, and spill nothing (no stack frame, no
 local-memory instructions), for the shapes they take: 64 and 128 rows, q_len 1 and 2, bf16 and
 fp16, 16-bit and e4m3 caches; and that the e4m3 -> bf16 widening uses no conversion
-instruction (the integer bit move of mla_sm90_fp8.py). Also checks the partial-kernel dispatch
-(TILEATTN_MLA_KERNEL) for an sm90 device.
+instruction (the integer bit move of sm90_fp8.py). Which plans run these kernels is
+tests/test_dispatch.py's.
 """
 
 from .compile_helpers import run_without_interpreter
@@ -14,10 +14,9 @@ from .compile_helpers import run_without_interpreter
 CHILD = r'''
 import json, os, re, subprocess, tempfile, torch, triton
 from tileattn import scheduler
-from tileattn.api import mla_kernel_for
 from tileattn.arch import arch_for_capability
-from tileattn.kernels import mla_decode as mla, mla_sm90
-from tileattn.kernels.cross_compile import cross_compile_sm90
+from tileattn.kernels.mla import decode as mla, sm90 as mla_sm90, sm90_fp8 as mla_sm90_fp8
+from tileattn.kernels.compile import cross_compile_sm90
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SM90 = arch_for_capability((9, 0))
@@ -32,16 +31,21 @@ def inputs(num_heads, q_len, dtype=torch.bfloat16, kv_dtype=None, page_size=64, 
     plan = scheduler.make_mla_plan(lengths, num_heads=num_heads, q_len=q_len, page_size=page_size,
         kv_dtype=kv.dtype, head_dim_v=512,
         programs_per_item=mla.programs_per_work_item(config, num_heads * q_len), num_sms=132,
-        block_n=config.block_n, min_chunk=64, device="cpu", config=config)
+        block_n=config.block_n, min_chunk=64, device="cpu", config=config, kernel="gluon")
     out = torch.empty(batch, q_len, num_heads, 512, dtype=dtype)
     lse = torch.empty(batch, q_len, num_heads)
     return q, kv, page_table, seq_lens, out, lse, plan
 
 def compile_case(num_heads, q_len, dtype, kv_dtype=None):
     q, kv, page_table, seq_lens, out, lse, plan = inputs(num_heads, q_len, dtype, kv_dtype)
-    assert mla_sm90.supports(q, kv)
-    launch = mla_sm90.mla_sm90_launch(q, kv, page_table, seq_lens, out, lse, plan, 0.1,
-                                      torch.ones((), dtype=torch.float32))
+    assert mla_sm90.supports_plan(num_heads * q_len, kv.shape[1], kv.dtype)
+    mla_sm90.check_inputs(q, kv)
+    if kv.dtype == torch.float8_e4m3fn:
+        launch = mla_sm90_fp8.mla_sm90_fp8_launch(q, kv, page_table, seq_lens,
+                                                  torch.ones((), dtype=torch.float32), out, lse,
+                                                  plan, 0.1)
+    else:
+        launch = mla_sm90.mla_sm90_launch(q, kv, page_table, seq_lens, out, lse, plan, 0.1)
     c = cross_compile_sm90(launch, 90)
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -66,18 +70,7 @@ for num_heads, dtype in ((64, torch.bfloat16), (128, torch.float16)):
     rows[f"fp8-h{num_heads}-{str(dtype)[6:]}"] = compile_case(num_heads, 1, dtype,
                                                                torch.float8_e4m3fn)
 
-# Dispatch: what TILEATTN_MLA_KERNEL picks for an sm90 device (TRITON_INTERPRET is unset here).
-dispatch = {}
-for choice in ("auto", "triton", "gluon"):
-    os.environ["TILEATTN_MLA_KERNEL"] = choice
-    for name, kwargs in {"h128": dict(num_heads=128, q_len=1), "h16q4": dict(num_heads=16, q_len=4),
-                         "h16": dict(num_heads=16, q_len=1), "h32": dict(num_heads=32, q_len=1),
-                         "fp8": dict(num_heads=128, q_len=1, kv_dtype=torch.float8_e4m3fn),
-                         "page16": dict(num_heads=128, q_len=1, page_size=16),
-                         "dup_qk": dict(num_heads=128, q_len=1, schedule="dup_qk")}.items():
-        q, kv, page_table, seq_lens, out, lse, plan = inputs(**kwargs)
-        dispatch[f"{choice}-{name}"] = mla_kernel_for(SM90, q, kv, plan)
-print(json.dumps({"rows": rows, "dispatch": dispatch}))
+print(json.dumps({"rows": rows}))
 '''
 
 
@@ -91,22 +84,3 @@ def test_mla_sm90_compiles_fits_and_uses_wgmma_tma():
         # L2 prefetch only where a work item has 2+ row blocks (it slowed 64-row items).
         assert (row["l2_prefetch"] > 0) == name.startswith(("h128", "h64-q2")), (name, row)
     assert result["rows"]["fp8-h64-bfloat16"]["f2f_bf16"] == 0   # widened by integer ops
-    dispatch = result["dispatch"]
-    # auto: Gluon for every split_dv plan it supports (it won at every batch size measured).
-    gluon = "gluon" if _gluon_by_default() else "triton"
-    assert dispatch["auto-h128"] == gluon and dispatch["auto-h32"] == gluon
-    assert dispatch["auto-fp8"] == gluon
-    assert dispatch["auto-dup_qk"] == "triton"
-    assert all(v == "triton" for k, v in dispatch.items() if k.startswith("triton-"))
-    assert dispatch["gluon-h128"] == "gluon"
-    assert dispatch["gluon-h16q4"] == "gluon"       # 64 rows from 16 heads x 4 tokens
-    assert dispatch["gluon-fp8"] == "gluon"         # e4m3 cache: mla_sm90_fp8.py
-    assert dispatch["gluon-h32"] == "gluon"         # 32 rows, padded to 64
-    for fallback in ("h16", "page16"):              # < 32 rows, page_size 16
-        for choice in ("auto", "gluon"):
-            assert dispatch[f"{choice}-{fallback}"] == "triton", (choice, fallback)
-
-
-def _gluon_by_default() -> bool:
-    from tileattn.kernels import mla_decode_policy
-    return mla_decode_policy.GLUON_BY_DEFAULT

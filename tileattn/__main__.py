@@ -69,7 +69,8 @@ def _info(args) -> None:
     import triton
 
     from tileattn.arch import arch_of, v_needs_k_major
-    from tileattn.kernels import attention_fwd, interpreter_active
+    from tileattn.kernels.attention import fwd as attention_fwd
+    from tileattn.kernels.runtime import interpreter_active
 
     print(f"torch {torch.__version__}, triton {triton.__version__}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -82,7 +83,7 @@ def _info(args) -> None:
         print(f"device: CPU ({'Triton interpreter' if interpreter_active() else 'fp64 reference path; set TRITON_INTERPRET=1 to run the kernel'})")
     print(f"arch row: {arch}")
     if arch.has_wgmma:
-        from tileattn.kernels import attention_sm90
+        from tileattn.kernels.attention import sm90 as attention_sm90
         print("  fp16/bf16, non-causal, D 128/256, >= 4096 keys: Hopper Gluon kernel "
               f"{ {d: attention_sm90.CONFIGS[(d, False)] for d in (128, 256)} } "
               f"(TILEATTN_KERNEL={os.environ.get('TILEATTN_KERNEL', 'auto')})")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from .arch import FP8_DTYPES
-from .kernels.cross_compile import on_device
-from .kernels.layout import grouped_seqlen, transpose_v_launch
+from .kernels.runtime import on_device
+from .kernels.attention.layout import transpose_v_launch
 
 
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
@@ -23,6 +23,9 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     if per == "head" and x.dim() != 4:
         raise ValueError(f"per='head' needs x of shape [batch, seqlen, heads, head_dim], got {tuple(x.shape)}")
     x32 = x.to(torch.float32)
+    if not bool(torch.isfinite(x32).all()):
+        raise ValueError("x holds non-finite values (inf or nan), which no FP8 scale can "
+                         "represent: a scale from them would zero or poison every value")
     if per == "tensor":
         amax = x32.abs().amax()
     else:
@@ -54,31 +57,28 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
     return k_major_copy(v)
 
 
-def k_major_copy(v: torch.Tensor, group_keys: bool = False) -> torch.Tensor:
-    """V [B, S, H, D] (last dim contiguous) copied K-major by the transpose kernel; with
-    group_keys in grouped key order, its sequence dim padded with zero keys to a multiple of
-    32 in memory (the view still has S keys)."""
-    out = _k_major_buffer(v, group_keys)
+def k_major_copy(v: torch.Tensor) -> torch.Tensor:
+    """V [B, S, H, D] (last dim contiguous) copied K-major by the transpose kernel."""
+    out = _k_major_buffer(v)
     with on_device(v.device):
-        transpose_v_launch(v, out, group_keys).run()
-    return out[..., :v.shape[1]].permute(0, 3, 1, 2)
+        transpose_v_launch(v, out).run()
+    return out.permute(0, 3, 1, 2)
 
 
-def _k_major_buffer(v: torch.Tensor, group_keys: bool) -> torch.Tensor:
+def _k_major_buffer(v: torch.Tensor) -> torch.Tensor:
     batch, seqlen, heads, head_dim = v.shape
-    seqlen_out = grouped_seqlen(seqlen) if group_keys else seqlen
-    return torch.empty((batch, heads, head_dim, seqlen_out), dtype=v.dtype, device=v.device)
+    return torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
 
 
-def bind_k_major_copy(v: torch.Tensor, group_keys: bool = False):
+def bind_k_major_copy(v: torch.Tensor):
     """k_major_copy for later V tensors of v's shape, strides, dtype and alignment, with its
-    launch bound (api's call cache); None where it cannot be bound. Call it once first."""
-    bound = transpose_v_launch(v, _k_major_buffer(v, group_keys), group_keys).bind()
+    launch bound (the ops' call caches); None where it cannot be bound. Call it once first."""
+    bound = transpose_v_launch(v, _k_major_buffer(v)).bind()
     if bound is None:
         return None
 
     def run(v: torch.Tensor) -> torch.Tensor:
-        out = _k_major_buffer(v, group_keys)
+        out = _k_major_buffer(v)
         bound.run(v_ptr=v, out_ptr=out)
-        return out[..., :v.shape[1]].permute(0, 3, 1, 2)
+        return out.permute(0, 3, 1, 2)
     return run

@@ -1,8 +1,9 @@
 """Corrections to Triton 3.6.0's CPU interpreter, so that kernels run on the CPU round and
-multiply as they do on the GPU. Applied by the tests (tests/conftest.py) and by the CPU run of
-`python -m tileattn demo`, only where the interpreter runs the kernels; checked by
-tests/test_interpreter_fixes.py. Importing tileattn never applies them: the library does not
-patch Triton behind a user's back.
+multiply as they do on the GPU. tileattn applies them around each of its own launches in the
+interpreter (`corrected()`, used by kernels/runtime.py) and takes them away afterwards, so a
+user's own interpreted kernels see Triton unchanged; importing tileattn patches nothing.
+Checked by tests/test_interpreter_fixes.py. Under another Triton version the corrections are
+not applied (that interpreter may differ) and the first interpreted launch warns.
 
 What the interpreter gets wrong (triton/runtime/interpreter.py, 3.6.0):
 - Float downcasts to FP8 with round-to-nearest-even add the rounding bit to the mantissa field
@@ -18,6 +19,10 @@ of the bf16 values.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
 
 import numpy as np
 import torch
@@ -71,10 +76,48 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
 
 
 def apply() -> bool:
-    """Install the corrections (idempotent); False, and nothing changed, under another Triton
-    version, whose interpreter may differ: the fixes must be re-checked against it."""
+    """Install the corrections for good (idempotent); False, and nothing changed, under another
+    Triton version, whose interpreter may differ: the fixes must be re-checked against it."""
     if triton.__version__ != TRITON_VERSION:
         return False
     interpreter._convert_float = _convert_float
     interpreter.InterpreterBuilder.create_dot = _create_dot
     return True
+
+
+def _remove() -> None:
+    interpreter._convert_float = _original_convert_float
+    interpreter.InterpreterBuilder.create_dot = _original_create_dot
+
+
+_lock = threading.Lock()
+_depth = 0
+_warned = False
+
+
+@contextlib.contextmanager
+def corrected():
+    """The corrections installed for the duration of a `with` block (nested and threaded
+    blocks share one installation), unless they were applied for good already."""
+    global _depth, _warned
+    if triton.__version__ != TRITON_VERSION:
+        if not _warned:
+            _warned = True
+            warnings.warn(f"tileattn's corrections of Triton's CPU interpreter are verified for "
+                          f"triton {TRITON_VERSION}, not {triton.__version__}: bf16 and FP8 "
+                          f"results in the interpreter may be wrong", RuntimeWarning, stacklevel=3)
+        yield
+        return
+    with _lock:
+        installed_for_good = (_depth == 0 and interpreter._convert_float is _convert_float)
+        if not installed_for_good:
+            _depth += 1
+            apply()
+    try:
+        yield
+    finally:
+        if not installed_for_good:
+            with _lock:
+                _depth -= 1
+                if _depth == 0:
+                    _remove()

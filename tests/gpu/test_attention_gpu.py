@@ -64,7 +64,7 @@ def test_long_context_32k(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
 def test_cached_launch_matches_triton_launch(dtype):
     """KernelLaunch.run's cached fast path gives bit-identical results to Triton's own launch."""
-    from tileattn.kernels import cross_compile
+    from tileattn.kernels import runtime as cross_compile
     run_and_check((2, 300, 300, 4, 2), (128, 128), dtype, True)  # compiles, caches
     q = torch.randn(2, 300, 4, 128, device="cuda").to(torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, 128, device="cuda").to(torch.bfloat16) for _ in range(2))

@@ -10,7 +10,9 @@ import tileattn
 from tileattn.arch import FP8_DTYPES
 from tileattn import fp8
 from tileattn.fp8 import prepare_v
-from tileattn.kernels import attention_sm90 as sm90, attention_sm90_policy
+from tileattn import dispatch
+from tileattn.kernels.attention import sm90
+from tileattn.ops import attention as attention_op
 from tileattn.reference import attention_reference
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
@@ -142,12 +144,9 @@ def test_attention_dispatches_here(case, monkeypatch):
     """attention() itself (no TILEATTN_KERNEL) runs this kernel where it measured faster; the
     work threshold is lowered so that test-sized inputs qualify (tests/test_dispatch.py checks
     the threshold)."""
-    from tileattn import api
-    from tileattn.api import kernel_for
     from tileattn.arch import arch_of
-    monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
-    monkeypatch.setattr(attention_sm90_policy, "MIN_WORK", 0)
-    api._CALLS.clear()  # a cached call of the same signature would keep its earlier choice
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._CALLS.clear()  # a cached call of the same signature would keep its earlier choice
     causal = case.endswith("-causal")
     if case == "fused-qkv":
         q, k, v = torch.randn(1, 4096, 3, 8, 128, device="cuda", dtype=torch.bfloat16).unbind(2)
@@ -155,7 +154,7 @@ def test_attention_dispatches_here(case, monkeypatch):
         shape = (2, 1000, 4099, 8, 2) if case.startswith("gqa-unequal") else (1, 4097, 4097, 4, 4)
         dtype = torch.float16 if case == "d256-fp16" else torch.bfloat16
         q, k, v, _ = make_inputs(shape, 256 if case == "d256-fp16" else 128, dtype)
-    assert kernel_for(arch_of(q.device), q, k, v, causal) == "sm90"
+    assert dispatch.attention_kernel(arch_of(q.device), q, k, v, causal, dispatch.current()) == "sm90"
     out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = attention_reference(q, k, v, causal=causal)
     assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[q.dtype]
@@ -166,10 +165,8 @@ def test_attention_dispatches_here(case, monkeypatch):
 def test_repeat_calls_replay_here(causal, monkeypatch):
     """attention()'s call cache replays this kernel for a repeated signature (no checks, no
     Triton binder): each call must still read its own tensors and scale."""
-    from tileattn import api
-    monkeypatch.delenv("TILEATTN_KERNEL", raising=False)
-    monkeypatch.setattr(attention_sm90_policy, "MIN_WORK", 0)
-    api._CALLS.clear()
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._CALLS.clear()
     for seed, scale in ((0, None), (1, None), (2, 0.05), (3, 0.1)):
         gen = torch.Generator(device="cuda").manual_seed(100 + seed)
         q, k, v = (torch.randn(2, length, heads, 128, device="cuda", generator=gen)

@@ -191,7 +191,7 @@ SWEEP_VARIANTS = (
     ("s3", {"num_stages": 3}),
 )
 # Variants that compare the partial kernels themselves on the table row's plan: "mla_kernel"
-# sets TILEATTN_MLA_KERNEL while the variant runs (tileattn.api.mla_kernel_for).
+# makes the variant's plans with that partial kernel.
 KERNEL_VARIANTS = (("triton", {"mla_kernel": "triton"}), ("gluon", {"mla_kernel": "gluon"}))
 SWEEP_SHAPES = ((768, 2048, 16, "bf16"), (768, 2048, 32, "bf16"), (768, 2048, 64, "bf16"),
                 (768, 2048, 128, "bf16"), (32, 8192, 16, "bf16"), (32, 8192, 64, "bf16"),
@@ -203,18 +203,17 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
     q_len 1), checked against the first variant's output. A variant's "mla_kernel" entry
     (KERNEL_VARIANTS) picks the partial kernel. Results: mla-sweep JSON."""
     import dataclasses
-    import os
 
-    from tileattn.api import mla_kernel_for, plan_for_config
+    from tileattn import dispatch
     from tileattn.arch import arch_of
-    from tileattn.kernels import mla_decode as kernels
+    from tileattn.ops.mla import plan_for_config
+    from tileattn.kernels.mla import decode as kernels
 
     device = torch.device("cuda")
     facts = device_facts(device)
     copy_rate = copy_gbps(device)
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
-    previous_kernel = os.environ.get("TILEATTN_MLA_KERNEL")
     for batch, seq_len, heads, kv_name in shapes:
         kv_cache, page_table, kv_descale = _make_cache(batch, seq_len, 64, kv_name, device, gen)
         q = torch.randn(batch, 1, heads, HEAD_DIM_QK, device=device, generator=gen, dtype=torch.bfloat16)
@@ -225,16 +224,18 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
         base = kernels.config_for(arch_of(device), "split_dv", heads)
         for name, changes in variants:
             changes = dict(changes)
-            mla_kernel = changes.pop("mla_kernel", "auto")
-            os.environ["TILEATTN_MLA_KERNEL"] = mla_kernel
+            mla_kernel = changes.pop("mla_kernel", None)
             try:
                 config = dataclasses.replace(base, **changes)
             except ValueError as error:  # a shape the config table rules out
                 print(f"{name} h{heads}: skipped, {error}")
                 continue
             plan = plan_for_config([seq_len] * batch, config, num_heads=heads, q_len=1,
-                                   page_size=64, kv_dtype=kv_cache.dtype, device=device)
-            kernel = mla_kernel_for(arch_of(device), q, kv_cache, plan)
+                                   page_size=64, kv_dtype=kv_cache.dtype, device=device,
+                                   kernel=mla_kernel or dispatch.mla_kernel(
+                                       arch_of(device), heads, 64, kv_cache.dtype,
+                                       config.schedule, dispatch.current()))
+            kernel = plan.kernel
             call = lambda: tileattn.mla_decode(q, kv_cache, page_table, seq_lens, softmax_scale=0.07,
                                                kv_descale=kv_descale, plan=plan)
             try:
@@ -257,7 +258,4 @@ def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
             print(f"b{batch:>4} s{seq_len:>5} h{heads:>3} {kv_name:>4} {name:>6}: {ms:.4f} ms "
                   f"{row['gbps']:6.0f} GB/s ({row['gbps'] / copy_rate:.2f} copy) {row['tflops']:6.1f} TFLOP/s "
                   f"work {plan.num_work} {kernel}", flush=True)
-    os.environ.pop("TILEATTN_MLA_KERNEL", None)
-    if previous_kernel is not None:
-        os.environ["TILEATTN_MLA_KERNEL"] = previous_kernel
     return write_results("mla-sweep", dict(facts, copy_gbps=copy_rate, rows=rows), out_dir)

@@ -29,7 +29,7 @@ def _row_major_v_launch(args, kwargs, causal):
     """The portable kernel reading FP8 V as given (head_dim contiguous), which attention()
     never does on sm89/sm90: times what skipping the V transposition would cost the kernel."""
     from tileattn.arch import arch_of
-    from tileattn.kernels import attention_fwd
+    from tileattn.kernels.attention import fwd as attention_fwd
 
     q, k, v = args
     out = torch.empty(q.shape[:3] + (v.shape[3],), dtype=torch.bfloat16, device=q.device)

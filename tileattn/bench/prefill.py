@@ -132,21 +132,15 @@ def _cudnn_fp8():
 
 
 def _portable_attention(q, k, v, causal):
-    previous = os.environ.get("TILEATTN_KERNEL")
-    os.environ["TILEATTN_KERNEL"] = "portable"
-    try:
+    with tileattn.use_kernels(attention="portable"):
         return tileattn.attention(q, k, v, causal=causal)
-    finally:
-        if previous is None:
-            del os.environ["TILEATTN_KERNEL"]
-        else:
-            os.environ["TILEATTN_KERNEL"] = previous
 
 
 def _dispatches_to_portable(q, k, v, causal) -> bool:
-    from tileattn.api import kernel_for
+    from tileattn import dispatch
     from tileattn.arch import arch_of
-    return kernel_for(arch_of(q.device), q, k, v, causal) == "portable"
+    return dispatch.attention_kernel(arch_of(q.device), q, k, v, causal,
+                                     dispatch.current()) == "portable"
 
 
 class _Descaled:

@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend
 
 from ..arch import arch_of
 from ..fp8 import prepare_v, quantize_fp8
-from ..kernels import attention_fwd, attention_sm90
+from ..kernels.attention import fwd as attention_fwd, sm90 as attention_sm90
 from .common import device_facts, time_ms
 from .prefill import BATCH, CHECK_TOLERANCE, HEAD_DIMS, HEADS, _sdpa, flops
 

@@ -12,7 +12,7 @@ import torch
 import tileattn
 from tileattn.arch import arch_of
 from tileattn import scheduler
-from tileattn.kernels import attention_fwd
+from tileattn.kernels.attention import fwd as attention_fwd
 
 from .common import time_ms
 from .prefill import BATCH, HEADS, flops

@@ -1,10 +1,3 @@
-"""Triton kernels, one file per kernel family and architecture (kernel, config table, launcher)."""
-
-from triton.runtime.interpreter import InterpretedFunction
-
-from .attention_fwd import attention_fwd_kernel
-
-
-def interpreter_active() -> bool:
-    """True when TRITON_INTERPRET=1 was set before tileattn's kernels were defined."""
-    return isinstance(attention_fwd_kernel, InterpretedFunction)
+"""Triton and Gluon kernels: the launch runtime (runtime.py), ahead-of-time compilation for
+tests (compile.py), and one folder per kernel family (attention/, mla/) with one file per
+kernel and architecture, each with its config table and launcher."""

@@ -55,13 +55,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..arch import FP8_DTYPES, num_sms
-from ..scheduler import heads_per_group, prefill_work_lists
-from .attention_fwd import padded_head_dim
-from .attention_sm90_consumers import _consumer_partition, _tile_coords
-from .cross_compile import KernelLaunch
-from .gluon_common import GL_DTYPES
-from .layout import KEY_GROUP, grouped_seqlen
+from ...arch import FP8_DTYPES, num_sms
+from ...scheduler import heads_per_group, prefill_work_lists
+from .fwd import padded_head_dim
+from .sm90_consumers import _consumer_partition, _tile_coords
+from ..runtime import KernelLaunch
+from ..gluon_common import GL_DTYPES, tma_ready
 
 LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
 CONSUMER_REGS = gl.constexpr(240)  # a split (ping-pong) consumer warpgroup: 2 x 128 x 240 + 128 x 24 <= 64K
@@ -274,12 +273,19 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
     return descale, descale.stride(0), descale.stride(1)
 
 
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+    """Whether attention_sm90_launch handles these (already validated) inputs: 16-bit, V
+    row-major, strides TMA can address. Every head-dim pair attention() accepts has a config
+    row (config_for: tiles pad 96 and 192 to powers of two)."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or v.stride(3) != 1:
+        return False
+    return all(tma_ready(x, (0, 1, 2)) for x in (q, k, v))
+
+
 def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                           softmax_scale: float, causal: bool, *, config: Sm90Config | None = None,
-                          num_programs: int | None = None,
-                          v_keys_grouped: bool = False) -> KernelLaunch:
-    """The kernel launch for inputs that attention_sm90_policy.supports() accepted; `.run()`
-    writes out (and lse). v_keys_grouped: v is fp8.k_major_copy(..., group_keys=True)."""
+                          num_programs: int | None = None) -> KernelLaunch:
+    """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     is_fp8 = q.dtype in FP8_DTYPES
@@ -294,16 +300,7 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     # and past the head dim (the padding).
     q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim])
-    if v_keys_grouped:
-        # The copy holds its keys up to grouped_seqlen in memory, and the last group's real
-        # keys may sit past seqlen_k: TMA must read them rather than zero-fill.
-        if not v_k_major or block_n % KEY_GROUP:
-            raise ValueError(f"a grouped-order V must be K-major with BLOCK_N a multiple of "
-                             f"{KEY_GROUP}: {config}")
-        v_view = v.permute(0, 2, 3, 1)
-        v_desc = _descriptor(v_view, [1, 1, dim_v, block_n],
-                             list(v_view.shape[:3]) + [grouped_seqlen(seqlen_k)])
-    elif v_k_major:
+    if v_k_major:
         v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, dim_v, block_n])
     else:
         v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
@@ -332,17 +329,17 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim, OUT_DIM=head_dim_v,
         NUM_STAGES=config.num_stages,
         CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        SPLIT=config.split, LOADER_REGS=LOADER_REGS, V_KEYS_GROUPED=v_keys_grouped,
+        SPLIT=config.split, LOADER_REGS=LOADER_REGS, V_KEYS_GROUPED=False,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
-def bind_attention(causal: bool, v_keys_grouped: bool = False):
-    """attention_sm90_launch as a function of its tensors and softmax scale, for api's call
-    cache: later calls skip the checks and Triton's binder (KernelLaunch.run's fast path keys
+def bind_attention(causal: bool):
+    """attention_sm90_launch as a function of its tensors and softmax scale, for the call
+    cache (ops/call_cache.py): later calls skip the checks and Triton's binder (KernelLaunch.run's fast path keys
     the tensor descriptors by dtype, block shape and layout, as Triton specializes them); only
     the descriptors are rebuilt, since they hold the tensors' addresses."""
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float) -> None:
         attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                              softmax_scale, causal, v_keys_grouped=v_keys_grouped).run()
+                              softmax_scale, causal).run()
     return run

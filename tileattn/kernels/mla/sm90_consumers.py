@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from .gluon_common import online_softmax
+from ..gluon_common import online_softmax
 
 BLOCK_M = gl.constexpr(64)            # rows per program: one wgmma M per warpgroup
 BOX = gl.constexpr(64)                # TMA box width (columns); 576 = 9 boxes, V = boxes 0-7
@@ -89,12 +89,19 @@ def load_q(q_desc, q_smem, q_ready, batch):
 
 @gluon.jit
 def work_item(work_ptr):
+    """This program's work item (tileattn.scheduler.mla: WORK_FIELDS = 5 columns); the fifth,
+    the seq_len the plan was made for, is read by planned_seq_len."""
     work_id = gl.program_id(1)
-    batch = gl.load(work_ptr + work_id * 4)
-    kv_start = gl.load(work_ptr + work_id * 4 + 1)
-    kv_end = gl.load(work_ptr + work_id * 4 + 2)
-    slot = gl.load(work_ptr + work_id * 4 + 3)
+    batch = gl.load(work_ptr + work_id * 5)
+    kv_start = gl.load(work_ptr + work_id * 5 + 1)
+    kv_end = gl.load(work_ptr + work_id * 5 + 2)
+    slot = gl.load(work_ptr + work_id * 5 + 3)
     return batch, kv_start, kv_end, slot
+
+
+@gluon.jit
+def planned_seq_len(work_ptr):
+    return gl.load(work_ptr + gl.program_id(1) * 5 + 4)
 
 
 @gluon.jit
@@ -273,6 +280,9 @@ def softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
         descale = gl.load(kv_descale_ptr)
         qk_scale = qk_scale * descale
         out_scale = out_scale * descale
+    # A plan made for other seq_lens would silently miss or mis-mask keys: its rows come out
+    # NaN instead (through out_scale, finite otherwise), since a CUDA graph replay cannot raise.
+    out_scale = gl.where(planned_seq_len(work_ptr) != seq_len, float("nan"), out_scale)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
@@ -317,6 +327,7 @@ def softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
                 gl.convert_layout(rows, gl.SliceLayout(1, o_layout)), batch, slot, num_heads,
                 num_rows, out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr, o_layout, 0)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    lse = lse + 0.0 * out_scale   # NaN for a stale plan
     if slot < 0:
         gl.store(lse_ptr + batch.to(gl.int64) * num_rows + rows, lse, mask=rows < num_rows)
     else:

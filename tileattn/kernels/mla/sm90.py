@@ -31,17 +31,15 @@ the 227 KB a block may take.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .cross_compile import KernelLaunch
-from .gluon_common import GL_DTYPES, tma_ready
-from .mla_sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, allocate_state,
+from ..runtime import KernelLaunch
+from ..gluon_common import GL_DTYPES, tma_ready
+from .sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, allocate_state,
                                  load_q, pv_partition, softmax_partition, work_item)
 
 BLOCK_N = gl.constexpr(64)            # KV tokens per tile
@@ -62,11 +60,13 @@ MIN_ROWS = 32
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row, token, PAGE_SIZE: gl.constexpr):
+def _prefetch_tile_to_l2(kv_ptr, stride_kv_page, num_pages, page_row, token,
+                         PAGE_SIZE: gl.constexpr):
     """One bulk L2 prefetch of the 64 x 576 tile at `token` (contiguous: whole rows of one
     page), issued by one elected lane. The TMA load of that tile, NUM_STAGES tiles later, then
-    reads L2 instead of waiting on HBM."""
-    page = gl.load(page_row + token // PAGE_SIZE)
+    reads L2 instead of waiting on HBM. The page id is clamped into the cache: unlike TMA
+    loads, which zero-fill outside the descriptor, a prefetch takes a raw address."""
+    page = gl.minimum(gl.maximum(gl.load(page_row + token // PAGE_SIZE), 0), num_pages - 1)
     tile = kv_ptr + page.to(gl.int64) * stride_kv_page + (token % PAGE_SIZE) * NUM_COLS
     gl.inline_asm_elementwise(
         "{ .reg .pred p; elect.sync _|p, 0xffffffff; "
@@ -77,7 +77,7 @@ def _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row, token, PAGE_SIZE: gl.
 @gluon.jit
 def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
                       q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
-                      kv_ptr, stride_kv_page,
+                      kv_ptr, stride_kv_page, num_pages,
                       PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
                       PREFETCH_TILES: gl.constexpr):
     batch, kv_start, kv_end, slot = work_item(work_ptr)
@@ -89,14 +89,14 @@ def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_
     prefetch = (PREFETCH_TILES > 0) & (row_block == 0)
     if prefetch:
         for j in range(gl.minimum(PREFETCH_TILES, num_tiles)):
-            _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row, kv_start + j * BLOCK_N,
-                                 PAGE_SIZE)
+            _prefetch_tile_to_l2(kv_ptr, stride_kv_page, num_pages, page_row,
+                                 kv_start + j * BLOCK_N, PAGE_SIZE)
     for j in range(num_tiles):
         token = kv_start + j * BLOCK_N
         page = gl.load(page_row + token // PAGE_SIZE)
         if prefetch:
             if j + PREFETCH_TILES < num_tiles:
-                _prefetch_tile_to_l2(kv_ptr, stride_kv_page, page_row,
+                _prefetch_tile_to_l2(kv_ptr, stride_kv_page, num_pages, page_row,
                                      token + PREFETCH_TILES * BLOCK_N, PAGE_SIZE)
         stage = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
@@ -119,7 +119,7 @@ def mla_sm90_partial_kernel(
     work_ptr, seq_lens_ptr, page_table_ptr, q_desc, kv_desc,
     out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
     stride_page_table_b, stride_ob, stride_os, stride_oh,
-    num_heads, q_len, num_rows, softmax_scale_log2, kv_ptr, stride_kv_page,
+    num_heads, q_len, num_rows, softmax_scale_log2, kv_ptr, stride_kv_page, num_pages,
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
     PV_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PREFETCH_TILES: gl.constexpr,
 ):
@@ -136,7 +136,8 @@ def mla_sm90_partial_kernel(
                          kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
         (_loader_partition, (work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
                              q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
-                             kv_ptr, stride_kv_page, PAGE_SIZE, NUM_STAGES, PREFETCH_TILES)),
+                             kv_ptr, stride_kv_page, num_pages, PAGE_SIZE, NUM_STAGES,
+                             PREFETCH_TILES)),
     ], [4, 1], [PV_REGS, LOADER_REGS])
 
 
@@ -144,32 +145,38 @@ def mla_sm90_partial_kernel(
 # Launcher
 # ---------------------------------------------------------------------------------------------
 
-def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """Whether mla_sm90_launch handles these (already validated) inputs: a cache in q's 16-bit
-    dtype or e4m3 (mla_sm90_fp8.py), H·q_len >= MIN_ROWS, page_size a multiple of 64, q's
-    (token, head) dims mergeable into one row dim, TMA-aligned strides."""
+def supports_plan(num_rows: int, page_size: int, kv_dtype: torch.dtype) -> bool:
+    """Whether plans of this shape can run here (mla_plan asks, through dispatch): H·q_len >=
+    MIN_ROWS, page_size a multiple of 64 (a tile lies in one page), a 16-bit or e4m3 cache
+    (sm90_fp8.py). Plan chunks are whole 64-key tiles by construction (the sm90 config's
+    block_n)."""
+    return (num_rows >= MIN_ROWS and page_size % BLOCK_N.value == 0
+            and kv_dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn))
+
+
+def check_inputs(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    """What a call must also satisfy to run a plan made for this kernel: q's (token, head) dims
+    mergeable into one row dim and TMA-addressable (16-byte aligned) q and kv_cache. Raises
+    ValueError naming the tensor (make the plan with kernel="triton" for other layouts)."""
     batch, q_len, num_heads, _ = q.shape
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return False
-    if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
-        return False
-    if q_len * num_heads < MIN_ROWS or kv_cache.shape[1] % BLOCK_N.value != 0:
-        return False
     if q_len > 1 and q.stride(1) != num_heads * q.stride(2):
-        return False
-    return tma_ready(q, (0, 2)) and tma_ready(kv_cache, (0, 1))
+        raise ValueError(f"q must have its token and head dims adjacent (stride(1) == num_heads "
+                         f"* stride(2)) for this plan's Gluon kernel, got strides {q.stride()}; "
+                         f"make the plan with kernel='triton'")
+    for name, x, dims in (("q", q, (0, 2)), ("kv_cache", kv_cache, (0, 1))):
+        if not tma_ready(x, dims):
+            raise ValueError(f"{name} must be 16-byte aligned with 16-byte aligned strides for "
+                             f"this plan's Gluon kernel (TMA), got strides {x.stride()}; make "
+                             f"the plan with kernel='triton'")
 
 
 def prefetch_tiles(num_rows: int, kv_cache: torch.Tensor) -> int:
     """L2 prefetch distance for this launch: PREFETCH_TILES where a work item has two or more
     row blocks (only block 0 prefetches; the others then find the tile in L2), 0 for a single
-    row block, where it measured slower (H100, results/2026-11-23-h100-session6/mla-sm90-ab-
-    boxes.json: H64 0.89 -> 0.75 of the copy rate at batch 768, seq 2048), and 0 where a page's
-    rows are not contiguous (the bulk prefetch reads whole rows).
-    TILEATTN_MLA_PREFETCH=n overrides it (tuning runs, benchmarks/mla_sm90_ab.py)."""
+    row block, where it measured slower (docs/design.md, "MLA decode"), and 0 where a page's
+    rows are not contiguous (the bulk prefetch reads whole rows)."""
     contiguous = kv_cache.stride(1) == kv_cache.shape[2]
-    default = PREFETCH_TILES if num_rows > BLOCK_M.value and contiguous else 0
-    return int(os.environ.get("TILEATTN_MLA_PREFETCH", default)) if contiguous else 0
+    return PREFETCH_TILES if num_rows > BLOCK_M.value and contiguous else 0
 
 
 def kv_descriptor(kv_cache: torch.Tensor, tile_n: int, smem_dtype) -> TensorDescriptor:
@@ -201,16 +208,12 @@ def common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale: float) -
 
 def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
                     softmax_scale: float, kv_descale=None) -> KernelLaunch:
-    """The partial-kernel launch for inputs that supports() accepted; same plan, same outputs
-    as mla_decode.mla_decode_partial_kernel (the combine launch is unchanged). An e4m3 cache
-    runs mla_sm90_fp8.py's kernel."""
-    if kv_cache.dtype == torch.float8_e4m3fn:
-        from .mla_sm90_fp8 import mla_sm90_fp8_launch
-        return mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
-                                   softmax_scale)
+    """The partial-kernel launch for a 16-bit cache and a plan made for this kernel; same plan,
+    same outputs as decode.mla_decode_partial_kernel (the combine launch is unchanged). An e4m3
+    cache runs sm90_fp8.py's kernel instead (decode.mla_decode_launches picks)."""
     args = common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale)
     args.update(kv_desc=kv_descriptor(kv_cache, BLOCK_N.value, GL_DTYPES[q.dtype]), kv_ptr=kv_cache,
-                stride_kv_page=kv_cache.stride(0))
+                stride_kv_page=kv_cache.stride(0), num_pages=kv_cache.shape[0])
     num_rows = args["num_rows"]
     prefetch = prefetch_tiles(num_rows, kv_cache)
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,

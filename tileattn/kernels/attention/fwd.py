@@ -10,10 +10,7 @@ Pointer layouts (element strides; every tensor may come from a larger fused buff
     q    [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
     k    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous
     v    [batch, seqlen_k, num_kv_heads, head_dim_v]  last dim contiguous (row-major) or
-                                                      seqlen dim contiguous (K-major); with
-                                                      V_KEYS_GROUPED, K-major in grouped key
-                                                      order (kernels/layout.py) with keys up to
-                                                      seqlen_k rounded up to 32 in memory
+                                                      seqlen dim contiguous (K-major)
     out  [batch, seqlen_q, num_q_heads, head_dim_v]   last dim contiguous
     lse  [batch, num_q_heads, seqlen_q] float32        natural log, contiguous
     *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
@@ -27,11 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..arch import Arch
-from ..scheduler import heads_per_group
-from .cross_compile import KernelLaunch
-from .layout import KEY_GROUP, p_in_v_key_order
-from .softmax import online_softmax_step
+from ...arch import Arch
+from ...scheduler import heads_per_group
+from ..runtime import KernelLaunch
+from ..softmax import online_softmax_step
 
 
 @dataclass(frozen=True)
@@ -119,14 +115,13 @@ def _attend_key_blocks(
     acc, l_i, m_i, q,
     k_ptrs, v_ptrs, stride_ks, stride_vs,
     offs_m, offs_n, offs_d, offs_dv,
-    key_start, key_end, seqlen_k, v_rows, causal_shift, qk_scale,
+    key_start, key_end, seqlen_k, causal_shift, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    V_KEYS_GROUPED: tl.constexpr,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over keys [key_start, key_end). V rows at or past
-    v_rows (seqlen_k, or its grouped padding) load as zeros."""
+    """Online-softmax update of (acc, l_i, m_i) over keys [key_start, key_end). Rows of K and V
+    at or past seqlen_k load as zeros."""
     k_ptrs += key_start * stride_ks
     v_ptrs += key_start * stride_vs
     for start_n in tl.range(key_start, key_end, BLOCK_N):
@@ -139,14 +134,11 @@ def _attend_key_blocks(
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_shift)
             qk = tl.where(visible, qk, float("-inf"))
         p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
-        v = _load_tile(v_ptrs, cols, v_rows, offs_dv, HEAD_DIM_V, MASKED,
+        v = _load_tile(v_ptrs, cols, seqlen_k, offs_dv, HEAD_DIM_V, MASKED,
                        HEAD_DIM_V != HEAD_DIM_V_PAD)
         # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit
         # halves the rounding error of P and the tensor cores take mixed FP8 operands.
         p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
-        if V_KEYS_GROUPED:
-            # V's rows are in grouped key order; P's columns follow (a register renaming).
-            p = p_in_v_key_order(p, BLOCK_M, BLOCK_N)
         acc = tl.dot(p, v, acc)
         m_i = m_new
         k_ptrs += BLOCK_N * stride_ks
@@ -171,7 +163,7 @@ def attention_fwd_kernel(
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DESCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-    HEADS_PER_GROUP: tl.constexpr, V_KEYS_GROUPED: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
 ):
     num_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
     # Program order = launch order. Under a causal mask the last query tiles see the most keys,
@@ -221,24 +213,18 @@ def attention_fwd_kernel(
         key_end = seqlen_k
         full_end = seqlen_k // BLOCK_N * BLOCK_N
 
-    # A grouped-order V holds every key of a group of 32 (zeros past seqlen_k): the masked
-    # block must load the whole group, since the keys below seqlen_k may sit past it.
-    v_rows = seqlen_k
-    if V_KEYS_GROUPED:
-        v_rows = tl.cdiv(seqlen_k, 32) * 32   # layout.KEY_GROUP
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, offs_d, offs_dv, 0, full_end, seqlen_k, v_rows, causal_shift, qk_scale,
-        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, False, CAUSAL,
-        V_KEYS_GROUPED)
+        offs_m, offs_n, offs_d, offs_dv, 0, full_end, seqlen_k, causal_shift, qk_scale,
+        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, False, CAUSAL)
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, offs_d, offs_dv, full_end, key_end, seqlen_k, v_rows, causal_shift,
+        offs_m, offs_n, offs_d, offs_dv, full_end, key_end, seqlen_k, causal_shift,
         qk_scale, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, True,
-        CAUSAL, V_KEYS_GROUPED)
+        CAUSAL)
 
     # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -266,16 +252,13 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
 
 def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                      softmax_scale: float, causal: bool, arch: Arch,
-                     v_keys_grouped: bool = False, config: TileConfig | None = None) -> KernelLaunch:
+                     config: TileConfig | None = None) -> KernelLaunch:
     """The kernel launch for checked inputs; `.run()` writes `out` (and `lse` if given).
-    v_keys_grouped: v is fp8.k_major_copy(..., group_keys=True). config overrides the table's
-    row (tests)."""
+    config overrides the table's row (tests, tuning)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     is_fp8 = q_descale is not None
     config = config or config_for(arch, head_dim, head_dim_v, is_fp8, causal)
-    if v_keys_grouped and config.block_n % KEY_GROUP:
-        raise ValueError(f"a grouped-order V needs BLOCK_N a multiple of {KEY_GROUP}: {config}")
     q_descale, sqb, sqh = _descale_args(q_descale)
     k_descale, skb, skh = _descale_args(k_descale)
     v_descale, svb, svh = _descale_args(v_descale)
@@ -299,7 +282,6 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         CAUSAL=causal, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
         HEADS_PER_GROUP=heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size()),
-        V_KEYS_GROUPED=v_keys_grouped,
     )
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
@@ -308,7 +290,7 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
 
 def bind_attention(launch: KernelLaunch):
     """attention_launch's launch as a function of its tensors and softmax scale, for later calls
-    with inputs of the same shapes, strides, dtypes and alignment (api's call cache); None
+    with inputs of the same shapes, strides, dtypes and alignment (the call cache (ops/call_cache.py)); None
     where the launch cannot be bound (see KernelLaunch.bind)."""
     bound = launch.bind()
     if bound is None:

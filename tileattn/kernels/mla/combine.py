@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .cross_compile import KernelLaunch
+from ..runtime import KernelLaunch
 
 
 @triton.jit

@@ -24,10 +24,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from .cross_compile import KernelLaunch
-from .gluon_common import GL_DTYPES
-from .mla_sm90 import kv_descriptor, common_args
-from .mla_sm90_consumers import (BLOCK_M, BOX, NUM_BOXES, V_BOXES, allocate_state, box_view, load_q,
+from ..runtime import KernelLaunch
+from ..gluon_common import GL_DTYPES
+from .sm90 import kv_descriptor, common_args
+from .sm90_consumers import (BLOCK_M, BOX, NUM_BOXES, V_BOXES, allocate_state, box_view, load_q,
                                  pv_partition, softmax_partition, work_item)
 
 TILE_N = gl.constexpr(32)     # KV tokens per tile (see the module docstring)

@@ -15,7 +15,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
 
-from .gluon_common import online_softmax
+from ..gluon_common import online_softmax
 
 
 @gluon.jit

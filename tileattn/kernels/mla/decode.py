@@ -23,7 +23,8 @@ Pointer layouts (element strides):
     kv            [num_pages, page_size, 576]       last dim contiguous; fp16/bf16 like q, or e4m3
     page_table    int32 [batch, max_pages]          row stride stride_page_table_b, column stride 1
     seq_lens      int32 [batch]                     contiguous
-    work          int32 [num_work, 4]               contiguous rows (batch, kv_start, kv_end, slot)
+    work          int32 [num_work, 5]               contiguous rows (batch, kv_start, kv_end, slot,
+                                                    seq_len the plan was made for)
     kv_descale    float32 scalar                    only read when HAS_DESCALE
     out           [batch, q_len, num_heads, 512]    last dim contiguous
     lse           float32 [batch, q_len, num_heads] contiguous, natural log
@@ -39,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..arch import Arch
-from . import interpreter_active
-from .cross_compile import KernelLaunch
-from .mla_decode_combine import COMBINE_MAX_SLOTS_PER_STEP, combine_launches
-from .softmax import online_softmax_probs
+from ...arch import Arch
+from ..runtime import interpreter_active
+from ..runtime import KernelLaunch
+from .combine import COMBINE_MAX_SLOTS_PER_STEP, combine_launches
+from ..softmax import online_softmax_probs
 
 HEAD_DIM_NOPE = 512   # latent width; also V's width
 HEAD_DIM_ROPE = 64
@@ -208,7 +209,7 @@ def _widen_v(v, dtype: tl.constexpr, KV_WIDEN: tl.constexpr, V_ASM: tl.constexpr
 def _attend_kv_tiles(
     acc, l_i, m_i, q_nope, q_pe, q_row_scale,
     kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-    tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset,
+    tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset, num_pages, bad_page,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     MASKED: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
     Q_ROW_SCALED: tl.constexpr, V_ASM: tl.constexpr, V_CHUNKS: tl.constexpr,
@@ -231,6 +232,11 @@ def _attend_kv_tiles(
             page = tl.load(page_table_row + token // PAGE_SIZE, mask=in_range, other=0)
         else:
             page = tl.load(page_table_row + token // PAGE_SIZE)
+        # A page id outside the cache is never followed: it reads page 0 and the program's
+        # rows come out NaN (the host checks ids outside CUDA graph capture).
+        outside = (page < 0) | (page >= num_pages)
+        bad_page = bad_page | (tl.max(outside.to(tl.int32), 0) > 0)
+        page = tl.where(outside, 0, page)
         row_ptrs = kv_ptr + page.to(tl.int64) * stride_kv_page + (token % PAGE_SIZE).to(tl.int64) * stride_kv_row
         if MASKED:
             kv_nope = tl.load(row_ptrs[:, None] + offs_nope[None, :], mask=in_range[:, None], other=0.0)
@@ -273,7 +279,7 @@ def _attend_kv_tiles(
                 v = _widen_v(v, q_nope.dtype, KV_WIDEN, V_ASM)
             acc = acc[:c] + (tl.dot(p, v, acc[c] * alpha[:, None]),) + acc[c + 1:]
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, l_i, m_i, bad_page
 
 
 @triton.jit
@@ -283,7 +289,7 @@ def mla_decode_partial_kernel(
     stride_qb, stride_qs, stride_qh,
     stride_kv_page, stride_kv_row, stride_page_table_b,
     stride_ob, stride_os, stride_oh,
-    num_heads, q_len, num_rows,
+    num_heads, q_len, num_rows, num_pages,
     softmax_scale_log2,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     HAS_DESCALE: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
@@ -295,10 +301,11 @@ def mla_decode_partial_kernel(
     work_id = tl.program_id(1)
     row_block = tl.program_id(0) // DV_CHUNKS
     dv_offset = (tl.program_id(0) % DV_CHUNKS) * DV_BLOCK
-    batch = tl.load(work_ptr + work_id * 4)
-    kv_start = tl.load(work_ptr + work_id * 4 + 1)
-    kv_end = tl.load(work_ptr + work_id * 4 + 2)
-    slot = tl.load(work_ptr + work_id * 4 + 3)
+    batch = tl.load(work_ptr + work_id * 5)
+    kv_start = tl.load(work_ptr + work_id * 5 + 1)
+    kv_end = tl.load(work_ptr + work_id * 5 + 2)
+    slot = tl.load(work_ptr + work_id * 5 + 3)
+    planned_seq_len = tl.load(work_ptr + work_id * 5 + 4)
     seq_len = tl.load(seq_lens_ptr + batch)
 
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -341,22 +348,28 @@ def mla_decode_partial_kernel(
     acc = ()
     for c in tl.static_range(V_CHUNKS):
         acc = acc + (tl.zeros([BLOCK_M, DV_BLOCK // V_CHUNKS], dtype=tl.float32),)
-    acc, l_i, m_i = _attend_kv_tiles(
+    bad_page = seq_len < 0
+    acc, l_i, m_i, bad_page = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-        kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset,
+        kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset, num_pages, bad_page,
         PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16, V_ASM, V_CHUNKS)
-    acc, l_i, m_i = _attend_kv_tiles(
+    acc, l_i, m_i, bad_page = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-        full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset,
+        full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset, num_pages, bad_page,
         PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16, V_ASM, V_CHUNKS)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    # A plan made for other seq_lens, or a page id outside the cache, gives NaN rows rather than
+    # a plausible wrong answer (inside a CUDA graph nothing can raise).
+    broken = (planned_seq_len != seq_len) | bad_page
+    row_scale = tl.where(broken, float("nan"), v_scale / l_safe)
+    lse = tl.where(broken, float("nan"), lse)
     out_acc = ()
     for c in tl.static_range(V_CHUNKS):
-        out_acc = out_acc + (acc[c] * (v_scale / l_safe)[:, None],)
+        out_acc = out_acc + (acc[c] * row_scale[:, None],)
     VC_BLOCK: tl.constexpr = DV_BLOCK // V_CHUNKS
     if slot < 0:
         for c in tl.static_range(V_CHUNKS):
@@ -417,10 +430,15 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
     batch, q_len, num_heads, _ = q.shape
     config = plan.config
     if kernel == "gluon":
-        from . import mla_sm90
-        launches = [mla_sm90.mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
-                                             softmax_scale, kv_descale)]
-        return launches + combine_launches(q, out, lse, plan)
+        if kv_cache.dtype == torch.float8_e4m3fn:
+            from .sm90_fp8 import mla_sm90_fp8_launch
+            partial = mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out,
+                                          lse, plan, softmax_scale)
+        else:
+            from .sm90 import mla_sm90_launch
+            partial = mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
+                                      softmax_scale)
+        return [partial] + combine_launches(q, out, lse, plan)
     kv_widen = kv_widen_mode(arch, kv_cache.dtype, q.dtype)
     if kv_widen == "bytes":
         kv_cache = kv_cache.view(torch.uint8)
@@ -440,7 +458,7 @@ def mla_decode_launches(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
         stride_kv_page=kv_cache.stride(0), stride_kv_row=kv_cache.stride(1),
         stride_page_table_b=page_table.stride(0),
         stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        num_heads=num_heads, q_len=q_len, num_rows=num_rows,
+        num_heads=num_heads, q_len=q_len, num_rows=num_rows, num_pages=kv_cache.shape[0],
         softmax_scale_log2=softmax_scale * LOG2_E,
     )
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_N=config.block_n,

@@ -1,0 +1,118 @@
+"""Which kernel runs: the one room for every kernel choice.
+
+Decisions come from the chip's row in arch.py, the (already checked) inputs and explicit
+settings. Each kernel says what it can run (its own `supports()`); this module says where it
+*should* run, by measurement (docs/design.md, "Kernel choice"). Settings are resolved once:
+the environment variables TILEATTN_KERNEL and TILEATTN_MLA_KERNEL are read when tileattn is
+imported, and `tileattn.use_kernels(...)` overrides them within a `with` block. Nothing here
+reads the environment per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass, replace
+
+import torch
+
+from .arch import Arch
+
+ATTENTION_KERNELS = ("auto", "portable", "sm90")
+MLA_KERNELS = ("auto", "triton", "gluon")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Explicit kernel choices. "auto" takes the measured choice; another value forces that
+    kernel wherever it supports the inputs (and the default kernel elsewhere)."""
+    attention: str = "auto"   # forward attention: "auto", "portable" or "sm90" (Hopper Gluon)
+    mla: str = "auto"         # MLA decode partial kernel: "auto", "triton" or "gluon"
+
+    def __post_init__(self):
+        for name, value, allowed in (("attention", self.attention, ATTENTION_KERNELS),
+                                     ("mla", self.mla, MLA_KERNELS)):
+            if value not in allowed:
+                raise ValueError(f"{name} kernel must be one of {allowed}, got {value!r}")
+
+
+def _from_environment() -> Settings:
+    try:
+        return Settings(attention=os.environ.get("TILEATTN_KERNEL", "auto"),
+                        mla=os.environ.get("TILEATTN_MLA_KERNEL", "auto"))
+    except ValueError as error:
+        raise ValueError(f"TILEATTN_KERNEL / TILEATTN_MLA_KERNEL: {error}") from None
+
+
+_DEFAULT = _from_environment()
+_local = threading.local()
+
+
+def current() -> Settings:
+    """The settings in force (the innermost use_kernels block of this thread, else the
+    environment's at import)."""
+    return getattr(_local, "settings", _DEFAULT)
+
+
+@contextlib.contextmanager
+def use_kernels(*, attention: str | None = None, mla: str | None = None):
+    """Force kernel choices inside a `with` block (benchmarks, A/B tests, workarounds):
+    `with tileattn.use_kernels(attention="portable"): ...`. None keeps the current choice."""
+    previous = current()
+    changes = {name: value for name, value in (("attention", attention), ("mla", mla))
+               if value is not None}
+    _local.settings = replace(previous, **changes)
+    try:
+        yield _local.settings
+    finally:
+        _local.settings = previous
+
+
+# ---- forward attention -----------------------------------------------------------------------
+
+# Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which the
+# Hopper kernel beats the portable one: below it, the persistent kernel's launch costs more
+# than its faster tiles save (docs/design.md, "Kernel choice").
+SM90_MIN_WORK = 1 << 34
+
+
+def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     causal: bool, settings: Settings) -> str:
+    """The forward kernel for checked inputs (v already in the layout the call will pass):
+    "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster (16-bit
+    inputs except D = 64, with enough work) or is forced, and it supports the inputs;
+    "portable" otherwise."""
+    if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
+        return "portable"
+    if settings.attention == "auto" and not _sm90_preferred(q, k, causal):
+        return "portable"
+    from .kernels.attention import sm90  # Gluon: imported only where it can run
+    return "sm90" if sm90.supports(q, k, v, causal) else "portable"
+
+
+def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
+    return q.dtype in (torch.float16, torch.bfloat16) and head_dim != 64 and work >= SM90_MIN_WORK
+
+
+# ---- MLA decode ------------------------------------------------------------------------------
+
+def mla_kernel(arch: Arch, num_rows: int, page_size: int, kv_dtype: torch.dtype,
+               schedule: str, settings: Settings) -> str:
+    """The MLA partial kernel a plan will run (decided by mla_plan, stored in the plan):
+    "gluon" (kernels/mla/sm90.py, sm90_fp8.py for an e4m3 cache) on sm90 for split_dv plans it
+    supports — it beat the Triton kernel at every batch size timed from CUDA graphs — and
+    "triton" (kernels/mla/decode.py) otherwise."""
+    if settings.mla == "triton" or arch.name != "sm90" or schedule != "split_dv":
+        return "triton"
+    from .kernels.mla import sm90  # Gluon: imported only where it can run
+    return "gluon" if sm90.supports_plan(num_rows, page_size, kv_dtype) else "triton"
+
+
+def fp8_mla_cache_slower(arch: Arch, num_rows: int) -> bool:
+    """Where an FP8 MLA cache measured slower than a 16-bit one: sm90 with H·q_len >= 32, where
+    both run Gluon kernels and the FP8 one is bound by its widening warpgroup (docs/design.md,
+    "MLA decode"). mla_plan warns there rather than leave a silent cliff."""
+    return arch.name == "sm90" and num_rows >= 32

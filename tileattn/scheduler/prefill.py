@@ -1,0 +1,85 @@
+"""Persistent tile order for prefill attention: one program per SM walks its own list of
+tiles (plain Python/torch, unit-tested on the CPU)."""
+
+from __future__ import annotations
+
+import functools
+import heapq
+
+import torch
+
+# K+V bytes of the (batch, head) pairs whose causal tiles are interleaved longest-first: small
+# enough that they stay in L2 (50 MB on H100, 40 MB on A100) while their programs run. Without
+# the groups, a wave's causal tiles come from as many heads as there are programs and every tile
+# streams its K/V from HBM: the Hopper kernel measured 388 TFLOP/s at D=128 N=16k causal, which
+# is exactly the time to read 69 GB (each tile's keys once) at 3 TB/s.
+LPT_GROUP_BYTES = 16 << 20
+LPT_MAX_HEADS = 8
+
+
+def heads_per_group(causal: bool, seqlen_k: int, head_dims_qk_v: int, element_size: int) -> int:
+    """(batch, head) pairs per longest-first group; 1 keeps one head's tiles together
+    (non-causal: all tiles cost the same)."""
+    if not causal:
+        return 1
+    kv_bytes = seqlen_k * head_dims_qk_v * element_size
+    return max(1, min(LPT_MAX_HEADS, LPT_GROUP_BYTES // max(kv_bytes, 1)))
+
+
+def prefill_tile_order_list(num_m_blocks: int, num_batch_heads: int, causal: bool,
+                            group_heads: int | None = None) -> list[int]:
+    """Tile ids (m_block + num_m_blocks * bh) in the order a persistent kernel should start them.
+
+    Non-causal: every tile costs the same and one (batch, head)'s tiles are adjacent, so the
+    programs running at one time share its K/V in L2. Causal: a tile's cost grows with m_block;
+    the (batch, head) pairs are cut into groups of group_heads (None: one group) whose K/V fits
+    in L2 together, and within a group tiles go longest first (LPT), heads interleaved.
+    """
+    if not causal:
+        return list(range(num_m_blocks * num_batch_heads))
+    group_heads = group_heads or num_batch_heads
+    return [m + num_m_blocks * bh
+            for first in range(0, num_batch_heads, group_heads)
+            for m in reversed(range(num_m_blocks))
+            for bh in range(first, min(first + group_heads, num_batch_heads))]
+
+
+def prefill_work_lists_python(num_m_blocks: int, num_batch_heads: int, causal: bool,
+                              num_programs: int, group_heads: int | None = None
+                              ) -> tuple[list[int], list[int]]:
+    """(tile_ids, starts): program p runs tile_ids[starts[p]:starts[p + 1]], in that order.
+
+    List scheduling: the tiles, in prefill_tile_order_list's order, each go to the program with
+    the least work so far (a causal tile costs m_block + 1 key blocks, others 1). This is what a
+    dynamic scheduler would do, decided on the host: a tile's start time follows its place in
+    the order, so the L2 grouping holds, and (tests/test_scheduler.py) the busiest and the idlest
+    program differ by at most one tile's cost. Non-causal it is round robin: program p's j-th
+    tile is j * num_programs + p.
+    """
+    order = prefill_tile_order_list(num_m_blocks, num_batch_heads, causal, group_heads)
+    work = [(0, p) for p in range(num_programs)]   # a heap of (work so far, program)
+    lists: list[list[int]] = [[] for _ in range(num_programs)]
+    for tile in order:
+        done, program = heapq.heappop(work)
+        lists[program].append(tile)
+        heapq.heappush(work, (done + (tile % num_m_blocks + 1 if causal else 1), program))
+    starts = [0]
+    for tiles in lists:
+        starts.append(starts[-1] + len(tiles))
+    return [tile for tiles in lists for tile in tiles], starts
+
+
+@functools.lru_cache(maxsize=256)
+def _prefill_work_lists_cached(num_m_blocks: int, num_batch_heads: int, causal: bool,
+                               num_programs: int, group_heads: int | None, device: str):
+    tile_ids, starts = prefill_work_lists_python(num_m_blocks, num_batch_heads, causal,
+                                                 num_programs, group_heads)
+    return (torch.tensor(tile_ids, dtype=torch.int32, device=device),
+            torch.tensor(starts, dtype=torch.int32, device=device))
+
+
+def prefill_work_lists(num_m_blocks: int, num_batch_heads: int, causal: bool, num_programs: int,
+                       device, group_heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """prefill_work_lists_python as int32 tensors on `device`, built once per shape."""
+    return _prefill_work_lists_cached(num_m_blocks, num_batch_heads, causal, num_programs,
+                                      group_heads, str(device))
