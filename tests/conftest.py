@@ -40,3 +40,23 @@ LSE_TOLERANCES = {
     torch.float8_e4m3fn: 2e-3,
     torch.float8_e5m2: 2e-3,
 }
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the full GPU grid (tests marked `full`); the default GPU "
+                          "run is the fast tier")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full: part of the full GPU grid, skipped unless --full")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    import pytest
+    skip = pytest.mark.skip(reason="full GPU grid: run with --full")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
