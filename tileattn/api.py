@@ -11,16 +11,23 @@ from .ops import attention as attention_op
 from .ops import mla as mla_op
 from .ops.mla import PerformanceWarning
 
-__all__ = ["PerformanceWarning", "attention", "mla_decode", "mla_plan", "use_kernels"]
+__all__ = ["PerformanceWarning", "attention", "attention_varlen", "mla_decode", "mla_plan",
+           "use_kernels"]
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
-              v_descale=None, out_dtype=None, return_lse=False):
+def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+              alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None,
+              out_dtype=None, return_lse=False):
     """Scaled dot-product attention forward, FlashAttention layout.
 
     q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] with Hq % Hkv == 0 (GQA/MQA),
     D and Dv in {64, 96, 128, 192, 256}, dtype fp16, bf16, float8_e4m3fn or float8_e5m2.
-    causal=True aligns the mask bottom-right: query i sees keys j <= i + Sk - Sq.
+    Masks are bottom-right aligned: query i sits at position p = i + Sk - Sq.
+      causal=True: query i sees keys j <= p.
+      window_size=(left, right): keys p - left <= j <= p + right (-1: unbounded; causal sets
+        right = 0). The work scales with the window, not with Sq * Sk.
+      softcap > 0: scores s = scale * q.k become softcap * tanh(s / softcap), before ALiBi.
+      alibi_slopes: float32 [Hq] or [B, Hq]; adds -slope * |p - j| to the scores.
     softmax_scale: a positive number (default 1/sqrt(D)).
     FP8 descales are float32, shape [] or [B, heads]; a missing one means 1.0.
     Returns out [B, Sq, Hq, Dv] (bf16 for FP8 inputs, else the input dtype, unless out_dtype),
@@ -31,8 +38,39 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, q_descale=None, k_de
     (the same Triton kernels run in Triton's interpreter).
     """
     return attention_op.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                                out_dtype=out_dtype, return_lse=return_lse)
+                                window_size=window_size, softcap=softcap,
+                                alibi_slopes=alibi_slopes, q_descale=q_descale,
+                                k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
+                                return_lse=return_lse)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                     alibi_slopes=None, block_table=None, q_descale=None, k_descale=None,
+                     v_descale=None, out_dtype=None, return_lse=False, validate=None):
+    """Attention over packed sequences of different lengths (FlashAttention's varlen layout),
+    with K/V packed or in a paged cache.
+
+    q [total_q, Hq, D]; k, v [total_k, Hkv, D/Dv], or with block_table int32 [B, max_pages]
+    paged caches [num_pages, page_size, Hkv, D/Dv] where sequence b's keys are the first
+    cu_seqlens_k[b+1] - cu_seqlens_k[b] rows of its pages in order (any page_size >= 1).
+    cu_seqlens_q/k int32 [B + 1], prefix sums from 0 (empty sequences allowed); max_seqlen_q/k
+    bound the sequence lengths. Masks, softcap, ALiBi (slopes [Hq] or [B, Hq]), dtypes and
+    descales ([] or [B, heads]) as attention(), per sequence: one call mixes fresh prefill,
+    chunked prefill over a cached prefix and decode (Sq = 1).
+    Returns out [total_q, Hq, Dv] and, with return_lse, lse float32 [Hq, total_q].
+
+    validate: by default (None) the index tensors' values are checked on the host (one
+    synchronisation) outside CUDA graph capture and raise ValueError when inconsistent;
+    validate=False skips that on a hot path. Whatever validate says, the kernel never reads or
+    writes outside its tensors, and page ids outside the cache give NaN rows.
+    """
+    return attention_op.varlen_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+        softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+        alibi_slopes=alibi_slopes, block_table=block_table, q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype, return_lse=return_lse,
+        validate=validate)
 
 
 def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, schedule=None,

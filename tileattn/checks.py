@@ -196,6 +196,145 @@ def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
 
 
+# ---- masks: window_size, softcap, alibi_slopes (attention() and attention_varlen()) ----------
+
+def window_size(value) -> tuple[int, int]:
+    """(left, right) keys around each query's aligned position; -1 is unbounded."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, got {value!r}")
+    left, right = (int_in_range(f"window_size[{i}]", x, -1) for i, x in enumerate(value))
+    return left, right
+
+
+def softcap(value) -> float:
+    """The logit cap (0: none)."""
+    cap = real_scalar("softcap", value)
+    if not (math.isfinite(cap) and cap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {value!r}")
+    return cap
+
+
+def alibi_slopes(slopes, batch: int, num_q_heads: int, device: torch.device) -> None:
+    if slopes is None:
+        return
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a float32 torch.Tensor or None, got "
+                        f"{type(slopes).__name__}")
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {slopes.dtype}")
+    if tuple(slopes.shape) not in ((num_q_heads,), (batch, num_q_heads)):
+        raise ValueError(f"alibi_slopes must have shape [{num_q_heads}] or [{batch}, "
+                         f"{num_q_heads}], got {tuple(slopes.shape)}")
+    if slopes.device != device:
+        raise ValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")
+    if slopes.requires_grad and torch.is_grad_enabled():
+        raise ValueError("alibi_slopes requires grad, but tileattn has no gradient for ALiBi "
+                         "slopes: pass alibi_slopes.detach()")
+
+
+# ---- attention_varlen() ----------------------------------------------------------------------
+
+def varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                  q_descale, k_descale, v_descale, out_dtype) -> tuple[int, int]:
+    """The shapes, dtypes and devices of attention_varlen()'s arguments (values are
+    varlen_values'). Returns (max_seqlen_q, max_seqlen_k) as ints."""
+    paged = block_table is not None
+    tensor("q", q, 3)
+    for name, x in (("k", k), ("v", v)):
+        tensor(name, x, 4 if paged else 3)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dtype not in INPUT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float8_e4m3fn or float8_e5m2, "
+                            f"got {x.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        tensor(name, x, 1)
+        if x.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {x.dtype}")
+        if x.shape[0] < 1:
+            raise ValueError(f"{name} must have B + 1 >= 1 entries, got shape {tuple(x.shape)}")
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(f"cu_seqlens_k must have cu_seqlens_q's length "
+                         f"({cu_seqlens_q.shape[0]}), got {cu_seqlens_k.shape[0]}")
+    batch = cu_seqlens_q.shape[0] - 1
+    num_q_heads, dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[-2]
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v must have k's leading dims {tuple(k.shape[:-1])}, got "
+                         f"{tuple(v.shape[:-1])}")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"q's heads ({num_q_heads}) must be a non-zero multiple of k's heads "
+                         f"({num_kv_heads}) for GQA/MQA")
+    if k.shape[-1] != dim:
+        raise ValueError(f"k must have q's head_dim ({dim}), got {k.shape[-1]}")
+    head_dim("q/k head_dim", dim)
+    head_dim("v head_dim", v.shape[-1])
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(-1) != 1 and x.numel() > 0:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides "
+                             f"{x.stride()}")
+    if paged:
+        tensor("block_table", block_table, 2)
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+        if block_table.shape[0] != batch:
+            raise ValueError(f"block_table must have one row per sequence ({batch}), got "
+                             f"{block_table.shape[0]}")
+        if block_table.numel() > 0 and block_table.stride(1) != 1:
+            raise ValueError(f"block_table must have a contiguous last dim, got strides "
+                             f"{block_table.stride()}")
+        if k.shape[0] == 0 or k.shape[1] == 0:
+            raise ValueError(f"k must hold at least one page of at least one row, got shape "
+                             f"{tuple(k.shape)}")
+    max_q = int_in_range("max_seqlen_q", max_seqlen_q, 0)
+    max_k = int_in_range("max_seqlen_k", max_seqlen_k, 0)
+    if q.dtype not in FP8_DTYPES and any(d is not None for d in (q_descale, k_descale, v_descale)):
+        raise ValueError("q_descale/k_descale/v_descale apply only to FP8 inputs, "
+                         f"got them with {q.dtype}")
+    descale("q_descale", q_descale, batch, num_q_heads)
+    descale("k_descale", k_descale, batch, num_kv_heads)
+    descale("v_descale", v_descale, batch, num_kv_heads)
+    device = same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         block_table=block_table, q_descale=q_descale, k_descale=k_descale,
+                         v_descale=v_descale)
+    runnable_device("q", device)
+    if out_dtype is not None and out_dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    return max_q, max_k
+
+
+def varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  block_table) -> None:
+    """What attention_varlen() needs of the index tensors' values: prefix sums from 0 that end
+    at the packed lengths, max_seqlen bounds, page tables that reach far enough and hold pages
+    of the cache. Reads them on the host (one synchronisation)."""
+    lengths = {}
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
+                            ("cu_seqlens_k", cu_seqlens_k, None if block_table is not None
+                             else k.shape[0])):
+        values = cu.tolist()
+        if values[0] != 0:
+            raise ValueError(f"{name}[0] must be 0, got {values[0]}")
+        steps = [b - a for a, b in zip(values, values[1:])]
+        if any(step < 0 for step in steps):
+            b = next(i for i, step in enumerate(steps) if step < 0)
+            raise ValueError(f"{name} must be non-decreasing, but {name}[{b + 1}] = "
+                             f"{values[b + 1]} < {name}[{b}] = {values[b]}")
+        if total is not None and values[-1] != total:
+            raise ValueError(f"{name}[-1] must equal the packed length {total}, got {values[-1]}")
+        lengths[name] = steps
+    for name, bound, steps in (("max_seqlen_q", max_seqlen_q, lengths["cu_seqlens_q"]),
+                               ("max_seqlen_k", max_seqlen_k, lengths["cu_seqlens_k"])):
+        if steps and max(steps) > bound:
+            raise ValueError(f"{name} ({bound}) is smaller than a sequence "
+                             f"({max(steps)} tokens)")
+    if block_table is not None:
+        pages(block_table, torch.tensor(lengths["cu_seqlens_k"], dtype=torch.int32,
+                                        device=block_table.device), k.shape[0], k.shape[1],
+              table_name="block_table", cache_name="k")
+
+
 # ---- mla_plan() / mla_decode() ---------------------------------------------------------------
 
 MLA_NUM_HEADS = (16, 32, 64, 128)
@@ -282,7 +421,8 @@ def mla_inputs(q, kv_cache, page_table, lengths, kv_descale) -> None:
     runnable_device("q", device)
 
 
-def pages(page_table, lengths, num_pages: int, page_size: int) -> None:
+def pages(page_table, lengths, num_pages: int, page_size: int, *, table_name="page_table",
+          cache_name="kv_cache") -> None:
     """Every page a sequence uses exists and the table is long enough. Reads the tensors on the
     host (synchronises)."""
     max_pages = page_table.shape[1]
@@ -290,7 +430,7 @@ def pages(page_table, lengths, num_pages: int, page_size: int) -> None:
         return
     longest = int(lengths.max())
     if longest > max_pages * page_size:
-        raise ValueError(f"seq_lens up to {longest} exceed page_table's capacity "
+        raise ValueError(f"sequences of up to {longest} keys exceed {table_name}'s capacity "
                          f"{max_pages} pages x {page_size} = {max_pages * page_size}")
     if int(lengths.min()) < 0:
         raise ValueError(f"seq_lens must be >= 0, got {int(lengths.min())}")
@@ -299,5 +439,5 @@ def pages(page_table, lengths, num_pages: int, page_size: int) -> None:
     bad = used & ((page_table < 0) | (page_table >= num_pages))
     if bool(bad.any()):
         b, column = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"page_table[{b}, {column}] = {int(page_table[b, column])} is not a page "
-                         f"of kv_cache (0..{num_pages - 1})")
+        raise ValueError(f"{table_name}[{b}, {column}] = {int(page_table[b, column])} is not a "
+                         f"page of {cache_name} (0..{num_pages - 1})")

@@ -22,6 +22,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 from .runtime import KernelLaunch
 
@@ -39,36 +40,43 @@ class CompiledKernel:
     ptx: str
 
 
+def _argument_type(value, path: tuple[int, ...], constants: dict, attrs: dict):
+    """The signature entry of one runtime argument as Triton's JIT would specialize it (tuples
+    element by element), recording constants and divisibility hints under its path."""
+    if value is None or isinstance(value, JITFunction):
+        constants[path] = value
+        return "constexpr"
+    if isinstance(value, tuple):
+        return tuple(_argument_type(item, path + (i,), constants, attrs)
+                     for i, item in enumerate(value))
+    if isinstance(value, torch.Tensor):
+        attrs[path] = [["tt.divisibility", 16]]
+        return _POINTER_TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        if value == 1:
+            constants[path] = 1
+            return "constexpr"
+        if value % 16 == 0:
+            attrs[path] = [["tt.divisibility", 16]]
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"cannot cross-compile argument {value!r} at {path}")
+
+
 def cross_compile(launch: KernelLaunch, capability: int) -> CompiledKernel:
     """Compile `launch` for sm_{capability} (e.g. 80, 89, 90) and report its resources."""
-    signature: dict[str, str] = {}
-    constants: dict[str, Any] = dict(launch.constexprs)
-    attrs: dict[tuple[int], list] = {}
+    signature: dict[str, Any] = {}
+    constants: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], list] = {}
     for index, name in enumerate(launch.kernel.arg_names):
         if name in launch.constexprs:
             signature[name] = "constexpr"
+            constants[(index,)] = launch.constexprs[name]
             continue
-        value = launch.args[name]
-        if value is None:
-            signature[name] = "constexpr"
-            constants[name] = None
-        elif isinstance(value, torch.Tensor):
-            signature[name] = _POINTER_TYPES[value.dtype]
-            attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool):
-            signature[name] = "i1"
-        elif isinstance(value, int):
-            if value == 1:
-                signature[name] = "constexpr"
-                constants[name] = 1
-            else:
-                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-                if value % 16 == 0:
-                    attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            raise TypeError(f"cannot cross-compile argument {name}={value!r}")
+        signature[name] = _argument_type(launch.args[name], (index,), constants, attrs)
     source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constants, attrs=attrs)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", capability, 32),

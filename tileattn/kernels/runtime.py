@@ -52,30 +52,12 @@ class KernelLaunch:
 
     def _specialization_key(self, ordered: list) -> tuple:
         """Everything Triton's JIT specializes a compiled kernel on (see kernels/compile.py):
-        constexprs by value; tensors by dtype and 16-byte alignment; ints by ==1, %16 and
-        32-bit range. Dispatches on exact types first: this runs on every launch."""
+        constexprs by value; runtime arguments by _value_key. Runs on every launch."""
         key = [self.kernel, self.num_warps, self.num_stages, torch.cuda.current_device()]
         constexprs = self.constexprs
         for name, value in zip(self.kernel.arg_names, ordered):
-            kind = type(value)
-            if kind is int and name not in constexprs:
-                key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
-            elif kind is float:
-                key.append(float)
-            elif kind is bool or value is None or name in constexprs:
-                key.append(value)
-            elif isinstance(value, torch.Tensor):
-                key.append((value.dtype, value.data_ptr() % 16 == 0))
-            elif isinstance(value, int):
-                key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
-            elif hasattr(value, "block_shape") and hasattr(value, "layout"):
-                # A Gluon TMA descriptor: Triton specializes it on exactly these (its
-                # specialization string is tensordesc<dtype[block_shape],layout>, no attributes).
-                key.append((kind, value.base.dtype, tuple(value.block_shape), value.layout))
-            else:
-                key.append(kind)
+            key.append(value if name in constexprs else _value_key(value))
         return tuple(key)
-
 
     def bind(self) -> "BoundLaunch | None":
         """This launch with its tensors left open, for calls that differ from it only in
@@ -91,6 +73,36 @@ class KernelLaunch:
         return BoundLaunch(compiled, (*self.grid, 1, 1)[:3], ordered, self.kernel.arg_names)
 
 
+def _value_key(value):
+    """What Triton specializes a runtime argument on: tensors by dtype and 16-byte alignment;
+    ints by ==1, %16 and 32-bit range; floats by type; tuples element by element. Dispatches
+    on exact types first: this runs for every argument of every launch."""
+    kind = type(value)
+    if kind is int:
+        return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+    if kind is float:
+        return float
+    if kind is bool or value is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if kind is tuple:
+        return tuple(_value_key(item) for item in value)
+    if isinstance(value, int):
+        return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+    if hasattr(value, "block_shape") and hasattr(value, "layout"):
+        # A Gluon TMA descriptor: Triton specializes it on exactly these (its specialization
+        # string is tensordesc<dtype[block_shape],layout>, no attributes).
+        return (kind, value.base.dtype, tuple(value.block_shape), value.layout)
+    return kind
+
+
+def _holds_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return type(value) is tuple and any(_holds_tensor(item) for item in value)
+
+
 class BoundLaunch:
     """A compiled launch whose tensor arguments are given per call (see KernelLaunch.bind).
     It keeps no tensor of the call it was made from; every tensor slot must be filled."""
@@ -98,8 +110,9 @@ class BoundLaunch:
     def __init__(self, compiled, grid: tuple[int, int, int], ordered: list, names: list[str]):
         self.compiled = compiled
         self.grid = grid
+        # Tensors and tuples (hook arguments: tensors and scalars) are given by every call.
         self.tensor_names = frozenset(name for name, value in zip(names, ordered)
-                                      if isinstance(value, torch.Tensor))
+                                      if _holds_tensor(value) or type(value) is tuple)
         self.ordered = [None if name in self.tensor_names else value
                         for name, value in zip(names, ordered)]
         self.index = {name: i for i, name in enumerate(names)}

@@ -1,5 +1,6 @@
-"""The forward attention op: checks, kernel choice, V layout, output allocation, launch, and the
-call cache that lets repeat calls skip all of it but the launch."""
+"""The forward attention ops, dense (attention()) and packed (attention_varlen()): checks,
+kernel choice, V layout, output allocation, launch, and the call cache that lets repeat dense
+calls skip all of it but the launch."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from .. import checks, dispatch, fp8
 from ..arch import FP8_DTYPES, arch_of, v_needs_k_major
+from ..kernels import mods
 from ..kernels.attention import fwd
 from ..kernels.runtime import launch_hooks_clear, on_device
 from .call_cache import CallCache, tensor_key, unit_descale
@@ -14,25 +16,38 @@ from .call_cache import CallCache, tensor_key, unit_descale
 _CALLS = CallCache()
 
 
-def forward(q, k, v, *, causal, softmax_scale, q_descale, k_descale, v_descale, out_dtype,
-            return_lse):
+def masks_for(causal, window_size, softcap, alibi_slopes) -> fwd.Masks:
+    """The kernel's Masks for attention()'s mask arguments (already checked)."""
+    score_mod, _, mod_args = mods.builtin(softcap, alibi_slopes)
+    left, right = window_size
+    return fwd.Masks(causal=causal, window_left=left, window_right=0 if causal else right,
+                     score_mod=score_mod, mod_args=mod_args)
+
+
+def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slopes, q_descale,
+            k_descale, v_descale, out_dtype, return_lse):
     """attention()'s implementation: returns out, or (out, lse) with return_lse."""
     settings = dispatch.current()
-    signature = _signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
-                           out_dtype, return_lse, settings)
+    signature = _signature(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                           q_descale, k_descale, v_descale, out_dtype, return_lse, settings)
     replay = _CALLS.get(signature)
     if replay is not None and launch_hooks_clear():
         scale = checks.softmax_scale(softmax_scale, q.shape[3])
-        return replay(q, k, v, q_descale, k_descale, v_descale, scale)
+        masks = masks_for(causal, window_size, checks.softcap(softcap), alibi_slopes)
+        return replay(q, k, v, q_descale, k_descale, v_descale, scale, masks.mod_args)
 
     checks.no_grad("attention", q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
                    v_descale=v_descale)
     checks.attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype)
     scale = checks.softmax_scale(softmax_scale, q.shape[3])
     checks.flag("return_lse", return_lse)
+    window = checks.window_size(window_size)
+    cap = checks.softcap(softcap)
+    batch, seqlen_q, num_q_heads, _ = q.shape
+    checks.alibi_slopes(alibi_slopes, batch, num_q_heads, q.device)
+    masks = masks_for(causal, window, cap, alibi_slopes)
     is_fp8 = q.dtype in FP8_DTYPES
     out_dtype = out_dtype or (torch.bfloat16 if is_fp8 else q.dtype)
-    batch, seqlen_q, num_q_heads, _ = q.shape
     out_shape = (batch, seqlen_q, num_q_heads, v.shape[3])
     lse_shape = (batch, num_q_heads, seqlen_q) if return_lse else None
     device = q.device
@@ -55,7 +70,9 @@ def forward(q, k, v, *, causal, softmax_scale, q_descale, k_descale, v_descale, 
                                            for d in (q_descale, k_descale, v_descale))
     out = torch.empty(out_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
-    kernel = dispatch.attention_kernel(arch, q, k, v, causal, settings)
+    # The Hopper kernel has no window or score hooks (yet): those calls run the portable one.
+    plain = masks.score_mod is None and window == (-1, -1)
+    kernel = dispatch.attention_kernel(arch, q, k, v, causal, settings) if plain else "portable"
     with on_device(device):
         if kernel == "sm90":
             from ..kernels.attention import sm90
@@ -64,7 +81,7 @@ def forward(q, k, v, *, causal, softmax_scale, q_descale, k_descale, v_descale, 
             run_kernel = sm90.bind_attention(causal)
         else:
             launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                                          scale, causal, arch)
+                                          scale, causal, arch, masks=masks)
             run_kernel = None
         launch.run()
         if signature is not None:
@@ -74,12 +91,15 @@ def forward(q, k, v, *, causal, softmax_scale, q_descale, k_descale, v_descale, 
     return (out, lse) if return_lse else out
 
 
-def _signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, out_dtype,
-               return_lse, settings) -> tuple | None:
+def _signature(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, q_descale,
+               k_descale, v_descale, out_dtype, return_lse, settings) -> tuple | None:
     """The cache key of a call, or None for a call the cache does not take (anything but plain
-    CUDA tensors that do not require grad)."""
-    parts = [type(causal), causal, softmax_scale is None, out_dtype, return_lse, settings]
-    for x in (q, k, v, q_descale, k_descale, v_descale):
+    CUDA tensors that do not require grad, or mask arguments of unexpected types)."""
+    if type(window_size) is not tuple or type(softcap) not in (float, int):
+        return None
+    parts = [type(causal), causal, softmax_scale is None, window_size, softcap > 0, out_dtype,
+             return_lse, settings]
+    for x in (q, k, v, q_descale, k_descale, v_descale, alibi_slopes):
         key = tensor_key(x)
         if key is None:
             return None
@@ -89,13 +109,13 @@ def _signature(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, 
 
 def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, is_fp8):
     """A call of a signature the checks passed. run_kernel(q, k, v, out, lse, q_descale,
-    k_descale, v_descale, softmax_scale) launches the chosen kernel; None when the launch
-    cannot be replayed (then neither can the call)."""
+    k_descale, v_descale, softmax_scale, mod_args) launches the chosen kernel; None when the
+    launch cannot be replayed (then neither can the call)."""
     prepare_v = fp8.bind_k_major_copy(transposed_v) if transposed_v is not None else None
     if run_kernel is None or (transposed_v is not None and prepare_v is None):
         return None
 
-    def replay(q, k, v, q_descale, k_descale, v_descale, softmax_scale):
+    def replay(q, k, v, q_descale, k_descale, v_descale, softmax_scale, mod_args):
         if is_fp8:
             q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
                                                for d in (q_descale, k_descale, v_descale))
@@ -105,6 +125,57 @@ def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, i
         with on_device(device):
             if prepare_v is not None:
                 v = prepare_v(v)
-            run_kernel(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale)
+            run_kernel(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale,
+                       mod_args)
         return (out, lse) if lse_shape is not None else out
     return replay
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
+                   softmax_scale, window_size, softcap, alibi_slopes, block_table, q_descale,
+                   k_descale, v_descale, out_dtype, return_lse, validate):
+    """attention_varlen()'s implementation."""
+    checks.no_grad("attention_varlen", q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
+                   v_descale=v_descale)
+    max_q, max_k = checks.varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, block_table, q_descale, k_descale,
+                                        v_descale, out_dtype)
+    scale = checks.softmax_scale(softmax_scale, q.shape[2])
+    checks.flag("causal", causal)
+    checks.flag("return_lse", return_lse)
+    window = checks.window_size(window_size)
+    cap = checks.softcap(softcap)
+    batch = cu_seqlens_q.shape[0] - 1
+    num_q_heads = q.shape[1]
+    checks.alibi_slopes(alibi_slopes, batch, num_q_heads, q.device)
+    if validate is not None:
+        checks.flag("validate", validate)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    if validate and capturing:
+        raise ValueError("validate=True reads cu_seqlens and block_table on the host, which a "
+                         "CUDA graph capture cannot do: pass validate=None or False there")
+    if validate or (validate is None and not capturing):
+        checks.varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, block_table)
+
+    masks = masks_for(causal, window, cap, alibi_slopes)
+    is_fp8 = q.dtype in FP8_DTYPES
+    out_dtype = out_dtype or (torch.bfloat16 if is_fp8 else q.dtype)
+    device = q.device
+    out = torch.empty((q.shape[0], num_q_heads, v.shape[-1]), dtype=out_dtype, device=device)
+    lse = (torch.empty((num_q_heads, q.shape[0]), dtype=torch.float32, device=device)
+           if return_lse else None)
+    if q.shape[0] == 0 or batch == 0 or max_q == 0:
+        return (out, lse) if return_lse else out
+    arch = arch_of(device)
+    if block_table is None and v_needs_k_major(arch, v.dtype) and v.shape[0] > 0:
+        v = fp8.k_major_copy(v[None])[0]
+    if is_fp8:
+        q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
+                                           for d in (q_descale, k_descale, v_descale))
+    sequences = fwd.Sequences(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_q, max_seqlen_k=max(max_k, 1),
+                              block_table=block_table)
+    with on_device(device):
+        fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, scale, causal,
+                             arch, masks=masks, sequences=sequences).run()
+    return (out, lse) if return_lse else out

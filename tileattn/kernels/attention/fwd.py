@@ -1,19 +1,32 @@
 """Portable Triton forward attention (FP16/BF16/FP8) for sm80 and newer, and the interpreter.
 
-One program computes one BLOCK_M tile of queries for one (batch, query head). It walks the keys
-in two loops: first the key blocks every query of the tile may see in full (no masking work),
-then the blocks that cross the sequence end or the causal diagonal (masked). Softmax is online
-in base 2 with fp32 statistics; FP8 descales are folded into the softmax scale (q, k) and into
-the final normalisation (v), so the inner loop does no extra multiplies.
+One program computes one BLOCK_M tile of queries for one (sequence, query head). The keys it
+visits come in segments (masks.key_blocks): blocks every query of the tile sees in full run
+without masking work; the blocks that cross the sequence end, the causal diagonal or a window
+edge are masked. With a block mask (FlexAttention's BlockMask) the tile visits the listed
+partial blocks (mask hook applied) and full blocks instead. Softmax is online in base 2 with
+fp32 statistics; FP8 descales are folded into the softmax scale (q, k) and into the final
+normalisation (v), so the inner loop does no extra multiplies, and FP8 P is made with an
+offset that keeps it in e4m3's normal range (softmax.online_softmax_step).
 
-Pointer layouts (element strides; every tensor may come from a larger fused buffer):
-    q    [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
-    k    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous
-    v    [batch, seqlen_k, num_kv_heads, head_dim_v]  last dim contiguous (row-major) or
-                                                      seqlen dim contiguous (K-major)
-    out  [batch, seqlen_q, num_q_heads, head_dim_v]   last dim contiguous
-    lse  [batch, num_q_heads, seqlen_q] float32        natural log, contiguous
+Score hooks (SCORE_MOD, MASK_MOD, mod_args: docs/design.md, "Mods") see natural-log scores
+q·k·scale and positions within the sequence; the built-in softcap and ALiBi are such hooks
+(kernels/mods.py).
+
+Layouts (element strides; every tensor may come from a larger fused buffer):
+    dense:  q [batch, seqlen_q, num_q_heads, head_dim], k [batch, seqlen_k, num_kv_heads,
+            head_dim], v [batch, seqlen_k, num_kv_heads, head_dim_v], out [batch, seqlen_q,
+            num_q_heads, head_dim_v], lse float32 [batch, num_q_heads, seqlen_q]
+    varlen (IS_VARLEN): q [total_q, num_q_heads, head_dim] and out likewise, k/v [total_k,
+            num_kv_heads, head_dim(_v)], lse float32 [num_q_heads, total_q]; sequence b is
+            rows cu_seqlens_q[b]..cu_seqlens_q[b+1] (int32 [batch + 1]) of q, likewise k/v
+    paged (PAGE_SIZE > 0): k/v [num_pages, PAGE_SIZE, num_kv_heads, head_dim(_v)] with
+            block_table int32 [batch, max_pages] (row stride stride_block_table_b)
+    q, k, out: last dim contiguous; v: last dim contiguous, or (dense) seqlen dim contiguous
     *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
+    block mask (BLOCK_MASK_Q > 0): kv_num_blocks / full_kv_num_blocks int32 [B, H, q_blocks]
+            and kv_indices / full_kv_indices int32 [B, H, q_blocks, kv_blocks], B and H
+            broadcast through stride 0; blocks of BLOCK_MASK_Q queries x BLOCK_MASK_KV keys
 """
 
 from __future__ import annotations
@@ -28,6 +41,13 @@ from ...arch import Arch
 from ...scheduler import heads_per_group
 from ..runtime import KernelLaunch
 from ..softmax import online_softmax_step
+from .masks import key_blocks, paged_rows, visible
+
+LOG2_E = 1.4426950408889634
+_LOG2_E = tl.constexpr(LOG2_E)
+_LN_2 = tl.constexpr(0.6931471805599453)
+# FP8 P is exp2(s - max + FP8_P_OFFSET): it spans [0, 256], below e4m3's 448 (FA3's Max_offset).
+FP8_P_OFFSET = 8.0
 
 
 @dataclass(frozen=True)
@@ -95,80 +115,159 @@ def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool,
 
 
 @triton.jit
-def _load_tile(ptrs, rows, num_rows, cols, num_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """Load a 2-D tile, zero-filling rows >= num_rows and cols >= num_cols where asked.
-
-    Unmasked loads where the bounds are known to hold keep the steady-state loop predicate-free.
-    """
+def _load_tile(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load a 2-D tile, zero-filling rows where not row_ok and cols where not col_ok, where asked.
+    Unmasked loads where the bounds are known to hold keep the steady-state loop predicate-free."""
     if MASK_ROWS and MASK_COLS:
-        return tl.load(ptrs, mask=(rows[:, None] < num_rows) & (cols[None, :] < num_cols), other=0.0)
+        return tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     elif MASK_ROWS:
-        return tl.load(ptrs, mask=rows[:, None] < num_rows, other=0.0)
+        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     elif MASK_COLS:
-        return tl.load(ptrs, mask=cols[None, :] < num_cols, other=0.0)
+        return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
     else:
         return tl.load(ptrs)
 
 
 @triton.jit
 def _attend_key_blocks(
-    acc, l_i, m_i, q,
-    k_ptrs, v_ptrs, stride_ks, stride_vs,
-    offs_m, offs_n, offs_d, offs_dv,
-    key_start, key_end, seqlen_k, causal_shift, qk_scale,
+    acc, l_i, m_i, bad_page, q, start, end, block_step,
+    k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
+    stride_k_page, stride_v_page,
+    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
+    qk_scale, mod_args,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
+    P_OFFSET: tl.constexpr,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over keys [key_start, key_end). Rows of K and V
-    at or past seqlen_k load as zeros."""
-    k_ptrs += key_start * stride_ks
-    v_ptrs += key_start * stride_vs
-    for start_n in tl.range(key_start, key_end, BLOCK_N):
+    """Online-softmax update of (acc, l_i, m_i) over the key blocks start, start + block_step,
+    ... below end (block_step: BLOCK_N, or a block mask's block size for one of its blocks).
+    MASKED applies the sequence end, the window bounds and MASK_MOD; keys at or past seqlen_k
+    load as zeros."""
+    # Contiguous keys: pointers advance by a block each step (no per-row address arithmetic
+    # in the loop); paged keys: each block's rows are looked up.
+    k_ptrs = k_base + (start + offs_n)[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
+    v_ptrs = (v_base + (start + offs_n)[:, None].to(tl.int64) * stride_vs
+              + offs_dv[None, :] * stride_vd)
+    for start_n in tl.range(start, end, block_step):
         cols = start_n + offs_n
-        k = _load_tile(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
+        key_ok = cols < seqlen_k
+        if PAGE_SIZE > 0:
+            k_rows, bad = paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages,
+                                     stride_k_page, stride_ks, PAGE_SIZE, BLOCK_N)
+            v_rows, _ = paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages,
+                                   stride_v_page, stride_vs, PAGE_SIZE, BLOCK_N)
+            bad_page = bad_page | bad
+            k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
+            v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd
+        k = _load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
         qk = tl.dot(q, tl.trans(k))
+        if SCORE_MOD is not None:
+            # Hooks see natural-log scores; the softmax then works in base 2.
+            qk = SCORE_MOD(qk * (qk_scale * _LN_2), batch, head, offs_m[:, None], cols[None, :],
+                           shift, mod_args) * _LOG2_E
+            step_scale = 1.0
+        else:
+            step_scale = qk_scale
         if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_shift)
-            qk = tl.where(visible, qk, float("-inf"))
-        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, qk_scale, MASKED)
-        v = _load_tile(v_ptrs, cols, seqlen_k, offs_dv, HEAD_DIM_V, MASKED,
-                       HEAD_DIM_V != HEAD_DIM_V_PAD)
-        # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit
-        # halves the rounding error of P and the tensor cores take mixed FP8 operands.
+            seen = visible(offs_m, cols, seqlen_k, shift, window_left, window_right,
+                           HAS_LEFT, HAS_RIGHT)
+            if MASK_MOD is not None:
+                seen = seen & MASK_MOD(batch, head, offs_m[:, None], cols[None, :], shift,
+                                       mod_args)
+            qk = tl.where(seen, qk, float("-inf"))
+        # A score hook may return -inf too: rows must survive seeing only -inf.
+        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, step_scale,
+                                                 MASKED or (SCORE_MOD is not None), P_OFFSET)
+        v = _load_tile(v_ptrs, key_ok, offs_dv < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)
+        # FP8: P is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit halves the
+        # rounding error of P and the tensor cores take mixed FP8 operands.
         p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
         acc = tl.dot(p, v, acc)
         m_i = m_new
-        k_ptrs += BLOCK_N * stride_ks
-        v_ptrs += BLOCK_N * stride_vs
-    return acc, l_i, m_i
+        if PAGE_SIZE == 0:
+            k_ptrs += block_step * stride_ks
+            v_ptrs += block_step * stride_vs
+    return acc, l_i, m_i, bad_page
+
+
+@triton.jit
+def _attend_block_list(
+    acc, l_i, m_i, bad_page, q, num_ptr, indices_ptr,
+    k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
+    stride_k_page, stride_v_page,
+    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, P_OFFSET: tl.constexpr,
+    BLOCK_MASK_KV: tl.constexpr,
+):
+    """The key blocks a block mask lists for this tile (partial ones with MASK_MOD, full ones
+    with MASK_MOD None), each BLOCK_MASK_KV keys walked BLOCK_N at a time; the sequence end is
+    masked in a block that crosses it."""
+    for i in range(tl.load(num_ptr)):
+        start = tl.load(indices_ptr + i) * BLOCK_MASK_KV
+        end = tl.minimum(start + BLOCK_MASK_KV, seqlen_k)
+        whole = end - start == BLOCK_MASK_KV
+        if MASK_MOD is None:
+            if whole:
+                acc, l_i, m_i, bad_page = _attend_key_blocks(
+                    acc, l_i, m_i, bad_page, q, start, end, BLOCK_N, k_base, v_base, stride_ks,
+                    stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+                    stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift,
+                    0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
+                    BLOCK_N, False, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
+            else:
+                acc, l_i, m_i, bad_page = _attend_key_blocks(
+                    acc, l_i, m_i, bad_page, q, start, end, BLOCK_N, k_base, v_base, stride_ks,
+                    stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+                    stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift,
+                    0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
+                    BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
+        else:
+            acc, l_i, m_i, bad_page = _attend_key_blocks(
+                acc, l_i, m_i, bad_page, q, start, end, BLOCK_N, k_base, v_base, stride_ks,
+                stride_vs, stride_vd, block_table_row, num_pages, stride_k_page, stride_v_page,
+                batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0, qk_scale,
+                mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, True,
+                False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET)
+    return acc, l_i, m_i, bad_page
 
 
 @triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     q_descale_ptr, k_descale_ptr, v_descale_ptr,
+    cu_seqlens_q_ptr, cu_seqlens_k_ptr, block_table_ptr,
+    kv_num_blocks_ptr, kv_indices_ptr, full_kv_num_blocks_ptr, full_kv_indices_ptr,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh,
+    stride_lse_b, stride_lse_h,
     stride_q_descale_b, stride_q_descale_h,
     stride_k_descale_b, stride_k_descale_h,
     stride_v_descale_b, stride_v_descale_h,
-    seqlen_q, seqlen_k, num_q_heads, gqa_group_size,
-    softmax_scale_log2,
+    stride_block_table_b,
+    stride_mask_b, stride_mask_h, stride_mask_q, stride_index_b, stride_index_h, stride_index_q,
+    seqlen_q, seqlen_k, total_q, total_k, num_q_heads, gqa_group_size, num_pages,
+    window_left, window_right, softmax_scale_log2, mod_args,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DESCALE: tl.constexpr, RETURN_LSE: tl.constexpr,
-    HEADS_PER_GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_DESCALE: tl.constexpr, RETURN_LSE: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
+    BLOCK_MASK_Q: tl.constexpr, BLOCK_MASK_KV: tl.constexpr, HAS_FULL_BLOCKS: tl.constexpr,
+    P_OFFSET: tl.constexpr,
 ):
-    num_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
     # Program order = launch order. Under a causal mask the last query tiles see the most keys,
     # so tiles go longest first (the short ones fill the tail) within groups of
-    # HEADS_PER_GROUP (batch, head) pairs, whose K/V the group's programs share in L2.
+    # HEADS_PER_GROUP (sequence, head) pairs, whose K/V the group's programs share in L2.
+    # seqlen_q is the longest sequence's under IS_VARLEN (tiles past a sequence's end return).
+    num_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
     pid = tl.program_id(0)
     tiles_per_group = HEADS_PER_GROUP * num_m_blocks
     group = pid // tiles_per_group
@@ -181,19 +280,42 @@ def attention_fwd_kernel(
     head = batch_head % num_q_heads
     kv_head = head // gqa_group_size
 
+    q_start = 0
+    k_start = 0
+    if IS_VARLEN:
+        # Clamped to the tensors (total_q rows; total_k rows, or the block table's reach when
+        # paged), so that inconsistent cu_seqlens never move a load or store outside them.
+        q_start = tl.minimum(tl.load(cu_seqlens_q_ptr + batch), total_q)
+        seqlen_q = tl.maximum(tl.minimum(tl.load(cu_seqlens_q_ptr + batch + 1), total_q)
+                              - q_start, 0)
+        k_first = tl.load(cu_seqlens_k_ptr + batch)
+        k_end = tl.load(cu_seqlens_k_ptr + batch + 1)
+        if PAGE_SIZE > 0:
+            seqlen_k = tl.minimum(tl.maximum(k_end - k_first, 0), total_k)
+        else:
+            k_first = tl.minimum(k_first, total_k)
+            seqlen_k = tl.maximum(tl.minimum(k_end, total_k) - k_first, 0)
+            k_start = k_first.to(tl.int64)
+        if start_m * BLOCK_M >= seqlen_q:
+            return
+
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    row_ok = offs_m < seqlen_q
 
-    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qs + offs_d[None, :]
-    k_ptrs = k_base + offs_n[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
-    v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
-
-    q = _load_tile(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
+    q_ptrs = (q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+              + (q_start + offs_m)[:, None].to(tl.int64) * stride_qs + offs_d[None, :])
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    block_table_row = block_table_ptr
+    if PAGE_SIZE > 0:
+        block_table_row = block_table_ptr + batch.to(tl.int64) * stride_block_table_b
+    else:
+        k_base += batch.to(tl.int64) * stride_kb + k_start * stride_ks
+        v_base += batch.to(tl.int64) * stride_vb + k_start * stride_vs
+    q = _load_tile(q_ptrs, row_ok, offs_d < HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
 
     qk_scale = softmax_scale_log2
     v_scale = 1.0
@@ -202,46 +324,78 @@ def attention_fwd_kernel(
         qk_scale *= tl.load(k_descale_ptr + batch * stride_k_descale_b + kv_head * stride_k_descale_h)
         v_scale = tl.load(v_descale_ptr + batch * stride_v_descale_b + kv_head * stride_v_descale_h)
 
-    # Query i sees keys j <= i + causal_shift (bottom-right aligned when seqlen_q != seqlen_k).
-    causal_shift = seqlen_k - seqlen_q
-    if CAUSAL:
-        key_end = tl.minimum(seqlen_k, (start_m + 1) * BLOCK_M + causal_shift)
-        key_end = tl.maximum(key_end, 0)
-        first_row_sees = tl.minimum(start_m * BLOCK_M + causal_shift + 1, seqlen_k)
-        full_end = tl.maximum(first_row_sees, 0) // BLOCK_N * BLOCK_N
-    else:
-        key_end = seqlen_k
-        full_end = seqlen_k // BLOCK_N * BLOCK_N
-
+    # Query i sits at key position i + shift (bottom-right aligned when seqlen_q != seqlen_k).
+    shift = seqlen_k - seqlen_q
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, offs_d, offs_dv, 0, full_end, seqlen_k, causal_shift, qk_scale,
-        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, False, CAUSAL)
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, offs_d, offs_dv, full_end, key_end, seqlen_k, causal_shift,
-        qk_scale, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, True,
-        CAUSAL)
+    bad_page = seqlen_k < 0
+    if BLOCK_MASK_Q > 0:
+        q_block = start_m * BLOCK_M // BLOCK_MASK_Q
+        count_at = batch * stride_mask_b + head * stride_mask_h + q_block * stride_mask_q
+        index_at = (batch.to(tl.int64) * stride_index_b + head.to(tl.int64) * stride_index_h
+                    + q_block.to(tl.int64) * stride_index_q)
+        acc, l_i, m_i, bad_page = _attend_block_list(
+            acc, l_i, m_i, bad_page, q, kv_num_blocks_ptr + count_at,
+            kv_indices_ptr + index_at, k_base, v_base, stride_ks, stride_vs,
+            stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
+            offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V,
+            HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET,
+            BLOCK_MASK_KV)
+        if HAS_FULL_BLOCKS:
+            acc, l_i, m_i, bad_page = _attend_block_list(
+                acc, l_i, m_i, bad_page, q, full_kv_num_blocks_ptr + count_at,
+                full_kv_indices_ptr + index_at, k_base, v_base, stride_ks,
+                stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
+                head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
+                HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE,
+                SCORE_MOD, None, P_OFFSET, BLOCK_MASK_KV)
+    else:
+        last_row = tl.minimum(start_m * BLOCK_M + BLOCK_M, seqlen_q)
+        lo, full_lo, full_hi, hi = key_blocks(start_m * BLOCK_M, last_row, seqlen_k, shift,
+                                              window_left, window_right, HAS_LEFT, HAS_RIGHT,
+                                              BLOCK_N)
+        if HAS_LEFT:
+            acc, l_i, m_i, bad_page = _attend_key_blocks(
+                acc, l_i, m_i, bad_page, q, lo, full_lo, BLOCK_N, k_base, v_base, stride_ks,
+                stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
+                head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left,
+                window_right, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+                HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
+                P_OFFSET)
+        acc, l_i, m_i, bad_page = _attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, full_lo, full_hi, BLOCK_N, k_base, v_base, stride_ks,
+            stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
+            head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
+            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
+            False, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
+        acc, l_i, m_i, bad_page = _attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, full_hi, hi, BLOCK_N, k_base, v_base, stride_ks,
+            stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
+            head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
+            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
+            True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
 
-    # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
+    # Rows that see no key at all output 0, lse -inf. A page id outside the cache (never
+    # followed) turns the tile into NaN: the host checks ids outside CUDA graph capture.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    acc = acc * (v_scale / l_safe)[:, None]
+    row_scale = v_scale / l_safe
+    if PAGE_SIZE > 0:
+        row_scale = tl.where(bad_page, float("nan"), row_scale)
+    acc = acc * row_scale[:, None]
     out_ptrs = (out_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
-                + offs_m[:, None].to(tl.int64) * stride_os + offs_dv[None, :])
-    out_mask = offs_m[:, None] < seqlen_q
+                + (q_start + offs_m)[:, None].to(tl.int64) * stride_os + offs_dv[None, :])
+    out_mask = row_ok[:, None]
     if HEAD_DIM_V != HEAD_DIM_V_PAD:
         out_mask = out_mask & (offs_dv[None, :] < HEAD_DIM_V)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if RETURN_LSE:
-        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-        lse_ptrs = lse_ptr + batch_head.to(tl.int64) * seqlen_q + offs_m
-        tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
-
-
-LOG2_E = 1.4426950408889634
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe) - P_OFFSET) * _LN_2)
+        if PAGE_SIZE > 0:
+            lse = tl.where(bad_page, float("nan"), lse)
+        lse_ptrs = (lse_ptr + batch.to(tl.int64) * stride_lse_b + head.to(tl.int64) * stride_lse_h
+                    + q_start + offs_m)
+        tl.store(lse_ptrs, lse, mask=row_ok)
 
 
 def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
@@ -250,38 +404,127 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
     return descale, descale.stride(0), descale.stride(1)
 
 
+@dataclass(frozen=True)
+class Masks:
+    """Which keys each query sees, beyond the sequence bounds (all optional):
+    causal and window_left/right as in masks.py (-1: unbounded), score_mod / mask_mod hooks
+    with their mod_args tuple (docs/design.md, "Mods"), and a block mask
+    (flex.block_mask.KernelBlockMask: counts/indices tensors and block sizes)."""
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    score_mod: object = None
+    mask_mod: object = None
+    mod_args: tuple = ()
+    block_mask: object = None
+
+
+NO_MASKS = Masks()
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """How sequences are laid out: None fields mean the dense [batch, seqlen, heads, dim]
+    layout. cu_seqlens_q/k int32 [B + 1] (packed rows), max_seqlen_q (the grid's reach),
+    block_table int32 [B, max_pages] for paged K/V."""
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    block_table: torch.Tensor | None = None
+
+
+DENSE = Sequences()
+
+
 def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                      softmax_scale: float, causal: bool, arch: Arch,
-                     config: TileConfig | None = None) -> KernelLaunch:
+                     config: TileConfig | None = None, *, masks: Masks | None = None,
+                     sequences: Sequences = DENSE) -> KernelLaunch:
     """The kernel launch for checked inputs; `.run()` writes `out` (and `lse` if given).
-    config overrides the table's row (tests, tuning)."""
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    causal is masks.causal (kept positional for the dense callers); config overrides the
+    table's row (tests, tuning)."""
+    masks = masks or (Masks(causal=True) if causal else NO_MASKS)
+    varlen = sequences.cu_seqlens_q is not None
+    paged = sequences.block_table is not None
+    num_q_heads, head_dim = q.shape[-2], q.shape[-1]
+    num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
     is_fp8 = q_descale is not None
-    config = config or config_for(arch, head_dim, head_dim_v, is_fp8, causal)
+    config = config or config_for(arch, head_dim, head_dim_v, is_fp8, masks.causal)
+    if varlen:
+        batch = sequences.cu_seqlens_q.shape[0] - 1
+        seqlen_q, seqlen_k = sequences.max_seqlen_q, sequences.max_seqlen_k
+        q_strides = (0, q.stride(0), q.stride(1))
+        out_strides = (0, out.stride(0), out.stride(1))
+        lse_strides = (0, lse.stride(0)) if lse is not None else (0, 0)
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k = k.shape[1]
+        q_strides = (q.stride(0), q.stride(1), q.stride(2))
+        out_strides = (out.stride(0), out.stride(1), out.stride(2))
+        lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    if paged or not varlen:
+        k_strides = (k.stride(0), k.stride(1), k.stride(2))
+        v_strides = (v.stride(0), v.stride(1), v.stride(2), v.stride(3))
+    else:
+        k_strides = (0, k.stride(0), k.stride(1))
+        v_strides = (0, v.stride(0), v.stride(1), v.stride(2))
+    block_mask = masks.block_mask
     q_descale, sqb, sqh = _descale_args(q_descale)
     k_descale, skb, skh = _descale_args(k_descale)
     v_descale, svb, svh = _descale_args(v_descale)
     args = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse,
         q_descale_ptr=q_descale, k_descale_ptr=k_descale, v_descale_ptr=v_descale,
-        stride_qb=q.stride(0), stride_qs=q.stride(1), stride_qh=q.stride(2),
-        stride_kb=k.stride(0), stride_ks=k.stride(1), stride_kh=k.stride(2),
-        stride_vb=v.stride(0), stride_vs=v.stride(1), stride_vh=v.stride(2), stride_vd=v.stride(3),
-        stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
+        cu_seqlens_q_ptr=sequences.cu_seqlens_q, cu_seqlens_k_ptr=sequences.cu_seqlens_k,
+        block_table_ptr=sequences.block_table,
+        kv_num_blocks_ptr=block_mask.kv_num_blocks if block_mask else None,
+        kv_indices_ptr=block_mask.kv_indices if block_mask else None,
+        full_kv_num_blocks_ptr=block_mask.full_kv_num_blocks if block_mask else None,
+        full_kv_indices_ptr=block_mask.full_kv_indices if block_mask else None,
+        stride_qb=q_strides[0], stride_qs=q_strides[1], stride_qh=q_strides[2],
+        stride_kb=k_strides[0], stride_ks=k_strides[1], stride_kh=k_strides[2],
+        stride_vb=v_strides[0], stride_vs=v_strides[1], stride_vh=v_strides[2],
+        stride_vd=v_strides[3],
+        stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
+        stride_lse_b=lse_strides[0], stride_lse_h=lse_strides[1],
         stride_q_descale_b=sqb, stride_q_descale_h=sqh,
         stride_k_descale_b=skb, stride_k_descale_h=skh,
         stride_v_descale_b=svb, stride_v_descale_h=svh,
-        seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_q_heads=num_q_heads,
+        stride_block_table_b=sequences.block_table.stride(0) if paged else 0,
+        stride_mask_b=block_mask.count_strides[0] if block_mask else 0,
+        stride_mask_h=block_mask.count_strides[1] if block_mask else 0,
+        stride_mask_q=block_mask.count_strides[2] if block_mask else 0,
+        stride_index_b=block_mask.index_strides[0] if block_mask else 0,
+        stride_index_h=block_mask.index_strides[1] if block_mask else 0,
+        stride_index_q=block_mask.index_strides[2] if block_mask else 0,
+        seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        total_q=q.shape[0] if varlen else 0,
+        total_k=(sequences.block_table.shape[1] * k.shape[1] if paged else k.shape[0])
+        if varlen else 0,
+        num_q_heads=num_q_heads,
         gqa_group_size=num_q_heads // num_kv_heads,
+        num_pages=k.shape[0] if paged else 0,
+        window_left=max(masks.window_left, 0),
+        window_right=0 if masks.causal else max(masks.window_right, 0),
         softmax_scale_log2=softmax_scale * LOG2_E,
+        mod_args=tuple(masks.mod_args),
     )
     constexprs = dict(
         HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_PAD=padded_head_dim(head_dim), HEAD_DIM_V_PAD=padded_head_dim(head_dim_v),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        CAUSAL=causal, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        HEADS_PER_GROUP=heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size()),
+        CAUSAL=masks.causal, HAS_LEFT=masks.window_left >= 0,
+        HAS_RIGHT=masks.causal or masks.window_right >= 0,
+        HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
+        HEADS_PER_GROUP=heads_per_group(masks.causal, seqlen_k, head_dim + head_dim_v,
+                                        q.element_size()),
+        IS_VARLEN=varlen, PAGE_SIZE=k.shape[1] if paged else 0,
+        SCORE_MOD=masks.score_mod, MASK_MOD=masks.mask_mod,
+        BLOCK_MASK_Q=block_mask.q_block if block_mask else 0,
+        BLOCK_MASK_KV=block_mask.kv_block if block_mask else 0,
+        HAS_FULL_BLOCKS=block_mask is not None and block_mask.full_kv_num_blocks is not None,
+        P_OFFSET=FP8_P_OFFSET if is_fp8 else 0.0,
     )
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
@@ -290,14 +533,15 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
 
 def bind_attention(launch: KernelLaunch):
     """attention_launch's launch as a function of its tensors and softmax scale, for later calls
-    with inputs of the same shapes, strides, dtypes and alignment (the call cache (ops/call_cache.py)); None
-    where the launch cannot be bound (see KernelLaunch.bind)."""
+    with inputs of the same shapes, strides, dtypes and alignment (the call cache,
+    ops/call_cache.py); None where the launch cannot be bound (see KernelLaunch.bind)."""
     bound = launch.bind()
     if bound is None:
         return None
 
-    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float) -> None:
+    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
+            mod_args: tuple = ()) -> None:
         bound.run(q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse, q_descale_ptr=q_descale,
                   k_descale_ptr=k_descale, v_descale_ptr=v_descale,
-                  softmax_scale_log2=softmax_scale * LOG2_E)
+                  softmax_scale_log2=softmax_scale * LOG2_E, mod_args=mod_args)
     return run

@@ -339,7 +339,8 @@ def bind_attention(causal: bool):
     cache (ops/call_cache.py): later calls skip the checks and Triton's binder (KernelLaunch.run's fast path keys
     the tensor descriptors by dtype, block shape and layout, as Triton specializes them); only
     the descriptors are rebuilt, since they hold the tensors' addresses."""
-    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float) -> None:
+    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
+            mod_args: tuple = ()) -> None:
         attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                               softmax_scale, causal).run()
     return run
