@@ -189,7 +189,14 @@ def check_rejections(rank, world_size):
     grad_out = shards[0].float().requires_grad_()
     expect_error(lambda: td.unshard(grad_out), ValueError, "x_local requires grad")
     fp8 = [x.to(torch.float8_e4m3fn) for x in shards]
-    expect_error(lambda: td.attention(*fp8, q_descale=torch.ones(3)), ValueError, "q_descale must have shape")
+    expect_error(lambda: td.attention(*fp8, q_descale=torch.ones(3)), ValueError,
+                 "q_descale must have shape")
+    expect_error(lambda: td.attention(*fp8, q_descale=torch.ones((), requires_grad=True)),
+                 ValueError, "q_descale requires grad")
+    expect_error(lambda: td.attention(*(x.float().requires_grad_() for x in fp8)), TypeError,
+                 "must be float16, bfloat16")
+    expect_error(lambda: td.attention(*(x.clone().requires_grad_() for x in fp8)), ValueError,
+                 "no backward pass for torch.float8_e4m3fn")
     # The group is still in step: a valid call after all of that gives the right answer.
     return check_forward(rank, world_size, layout="zigzag", causal=True, dtype=torch.float16)
 

@@ -111,6 +111,8 @@ def _check_local(group, world_size, q, k, v, q_descale, k_descale, v_descale, ca
         raise ValueError(f"a {layout} shard holds {chunks} equal chunks of the sequence, so its "
                          f"length must be a multiple of {chunks}, got {q.shape[1]} "
                          "(make shards with tileattn.distributed.shard)")
+    api.check_no_grad("distributed.attention", q_descale=q_descale, k_descale=k_descale,
+                      v_descale=v_descale)
     if needs_grad and q.dtype in FP8_DTYPES:
         raise ValueError(f"q, k or v requires grad, but there is no backward pass for {q.dtype} "
                          "inputs: call under torch.no_grad() or pass detached tensors")
