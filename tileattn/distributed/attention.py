@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import api, fp8
+from .. import checks as attention_checks
 from ..arch import FP8_DTYPES, arch_of, v_needs_k_major
 from . import checks
 from .block_backward import block_backward
@@ -102,7 +103,8 @@ def _check_local(group, world_size, q, k, v, q_descale, k_descale, v_descale, ca
     # tileattn.attention's own checks; grad is handled here, by the ring's backward.
     tensors = [x.detach() if isinstance(x, torch.Tensor) else x
                for x in (q, k, v, q_descale, k_descale, v_descale)]
-    api._check_attention_inputs(*tensors[:3], causal, softmax_scale, *tensors[3:], None)
+    attention_checks.attention_inputs(*tensors[:3], causal, *tensors[3:], None)
+    attention_checks.softmax_scale(softmax_scale, q.shape[3])
     if k.shape[1] != q.shape[1]:
         raise ValueError(f"q and k/v must hold the same number of local positions (the same "
                          f"shard of one sequence), got q {q.shape[1]}, k {k.shape[1]}")
@@ -111,7 +113,7 @@ def _check_local(group, world_size, q, k, v, q_descale, k_descale, v_descale, ca
         raise ValueError(f"a {layout} shard holds {chunks} equal chunks of the sequence, so its "
                          f"length must be a multiple of {chunks}, got {q.shape[1]} "
                          "(make shards with tileattn.distributed.shard)")
-    api.check_no_grad("distributed.attention", q_descale=q_descale, k_descale=k_descale,
+    attention_checks.no_grad("distributed.attention", q_descale=q_descale, k_descale=k_descale,
                       v_descale=v_descale)
     if needs_grad and q.dtype in FP8_DTYPES:
         raise ValueError(f"q, k or v requires grad, but there is no backward pass for {q.dtype} "
