@@ -66,16 +66,18 @@ def _describe(fn) -> str:
     return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
 
 
-def _global_names(code: types.CodeType) -> set[str]:
-    """Names the code (and code nested in it) loads from its globals."""
+@functools.lru_cache(maxsize=4096)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Names the code (and code nested in it) loads from its globals, sorted. Cached: reading
+    the bytecode is most of a walk's cost."""
     names = set()
     for instruction in dis.get_instructions(code):
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             names.add(instruction.argval)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
+            names.update(_global_names(const))
+    return tuple(sorted(names))
 
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
@@ -180,7 +182,7 @@ class _Walk:
                 self.signature.append(("empty cell",))
                 continue
             self.add(content, f"closure variable '{variable}' of {label}", depth + 1)
-        for global_name in sorted(_global_names(code)):
+        for global_name in _global_names(code):
             if global_name in fn.__globals__:
                 self.signature.append(("global", global_name))
                 self.add(fn.__globals__[global_name], f"global '{global_name}' of {label}",
