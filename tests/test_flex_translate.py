@@ -4,6 +4,8 @@ evaluation of the same Python function (exactly for masks and integer ops, to fp
 float ops); the derivative hook equals torch.autograd's; errors name what cannot be
 translated; the cache does not trace twice."""
 
+import functools
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import and_masks, or_masks
@@ -217,6 +219,32 @@ def test_loads_stay_inside_captured_tensors():
     assert torch.equal(got, want)
 
 
+def test_captured_tensor_kinds():
+    """0-d, bool, fp16 and int64 captures; constant indices; a tensor indexed by values loaded
+    from another (a gather of a gather); a transposed (non-contiguous) table."""
+    cap = torch.tensor(7.5)
+    allowed = torch.rand(BATCH, HEADS, generator=_generator(7)) < 0.7
+    half_table = torch.randn(HEADS, 9, generator=_generator(8)).half()
+    positions = torch.randint(-5, 5, (SEQLEN_K,), generator=_generator(9))       # int64
+    table_t = torch.randn(SEQLEN_K, HEADS, generator=_generator(10)).t()        # [H, S_K]
+
+    def kinds(score, b, h, q_idx, kv_idx):
+        gathered = table_t[h, positions[kv_idx] + 5]
+        return torch.where(allowed[b, h], score / cap, score * half_table[h, 3]) + gathered \
+            + half_table[0][-1] + positions[q_idx % 7]
+
+    def kinds_mask(b, h, q_idx, kv_idx):
+        return allowed[b][h] & (positions[kv_idx] <= 2)
+    hooks = translate.translate_mods(kinds, kinds_mask, device=CPU)
+    assert len(hooks.mod_args) == 7
+    scores = _scores(seed=11)
+    _assert_close_ulps(run_score_hook(hooks.score_mod, hooks.mod_args, scores),
+                       eager_score_mod(kinds, scores))
+    assert torch.equal(run_mask_hook(hooks.mask_mod, hooks.mod_args, BATCH, HEADS, SEQLEN_Q,
+                                     SEQLEN_K),
+                       eager_mask_mod(kinds_mask, BATCH, HEADS, SEQLEN_Q, SEQLEN_K))
+
+
 # ---- errors ---------------------------------------------------------------------------------
 
 def test_unsupported_op_is_named():
@@ -302,6 +330,31 @@ def test_changed_closure_values_trace_again():
     traces = translate.cache_info()["traces"]
     translate.translate_mods(None, document(torch.zeros(1, 9, dtype=torch.int32)), device=CPU)
     assert translate.cache_info()["traces"] == traces + 1    # shape changed: baked into code
+
+
+def test_tensors_the_walk_cannot_reach_bind_by_identity():
+    """A tensor reached through a cache the closure walk cannot look into is bound to the
+    function object: the same function hits the cache, a re-made one is traced again."""
+    def make():
+        @functools.lru_cache(maxsize=None)
+        def bias():
+            return torch.randn(HEADS)
+        bias()
+
+        def biased(score, b, h, q_idx, kv_idx):
+            return score + bias()[h]
+        return biased
+    first = make()
+    hooks = translate.translate_mods(first, None, device=CPU)
+    traces = translate.cache_info()["traces"]
+    assert translate.translate_mods(first, None, device=CPU).mod_args == hooks.mod_args
+    assert translate.cache_info()["traces"] == traces
+    second = make()        # same code and closure signature, another tensor
+    second_hooks = translate.translate_mods(second, None, device=CPU)
+    assert translate.cache_info()["traces"] == traces + 1
+    scores = _scores(seed=12)
+    _assert_close_ulps(run_score_hook(second_hooks.score_mod, second_hooks.mod_args, scores),
+                       eager_score_mod(second, scores))
 
 
 # ---- the generated code compiles for the GPU ---------------------------------------------------

@@ -1,4 +1,34 @@
-"""tileattn.flex_attention: torch's FlexAttention interface on tileattn's kernels."""
+"""tileattn.flex_attention: torch's FlexAttention interface on tileattn's kernels.
+
+The kernel entry point it calls (the contract; tests/flex_reference.py is an fp64 model of it):
+
+    tileattn.kernels.attention_fwd.attention_with_mods(
+        q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod, mod_args,
+        block_mask_tensors, q_descale, k_descale, v_descale) -> None
+
+    q     [B, Sq, Hq, D]   fp16 / bf16 / e4m3 / e5m2; flex's [B, H, S, D] transposed, so any
+                           strides with the last dim contiguous
+    k     [B, Sk, Hkv, D]  likewise; batch stride 0 when one K/V serves every sequence
+    v     [B, Sk, Hkv, Dv] likewise (an FP8 V layout the chip needs is the entry point's job,
+                           as attention() does it)
+    out   [B, Sq, Hq, Dv]  to write in full: bf16 for FP8 inputs, else q's dtype (a transposed
+                           view of the contiguous [B, Hq, Sq, Dv] tensor returned to the user)
+    lse   None, or float32 [B, Hq, Sq] contiguous: natural-log logsumexp of the visible scores
+    softmax_scale        Python float, any finite value
+    score_mod, mask_mod  @triton.jit hooks with the signatures of mods.md, or None
+    mod_args             tuple of tensors on q's device (maybe empty), passed to every hook
+    block_mask_tensors   block_mask.BlockMaskTensors, or None: visit every key block, all of
+                         them partial (MASK_MOD, if set, applies everywhere)
+    q/k/v_descale        FP8: float32 [] or [B, heads] tensors (never None); else None
+
+    Per (batch b, query head h, query tile inside query block m = q_idx // q_block_size):
+    s = q·kᵀ · softmax_scale (descales applied); s = SCORE_MOD(s, b, h, q_idx, kv_idx, q_shift,
+    mod_args) on every visited key; keys of the full_kv blocks are visible, keys of the kv
+    (partial) blocks where MASK_MOD is true, keys past Sk never; softmax over the visible keys.
+    A row that sees no key writes out 0 and lse -inf. No built-in causal or window mask: a
+    BlockMask is literal (top-left aligned when Sq != Sk). Tiles must divide the mask blocks:
+    BLOCK_M | q_block_size, BLOCK_N | kv_block_size (block_mask.largest_tile picks them).
+"""
 
 from __future__ import annotations
 

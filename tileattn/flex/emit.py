@@ -71,6 +71,12 @@ class View:
 
 
 @dataclass(frozen=True)
+class FreshConstant:
+    """A tensor the function creates itself (torch.tensor(2.0)): its value is part of the code."""
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
 class CapturedTensor:
     """What the emitter knows of a captured tensor: where it lives in mod_args, its name for
     messages, and its shape/strides/dtype (baked into the hook)."""
@@ -203,12 +209,12 @@ class EmitterBase:
                 f"e.g. {view.name.split()[-1]}[h] * 2, or precompute it outside)")
         if node not in self.loads:
             pointer = f"mod_args[{view.slot}]"
-            if view.offsets:
-                offset = " + ".join(view.offsets)
-                mask = " & ".join(view.in_bounds) or "True"
-                code = f"tl.load({pointer} + {offset}, mask={mask}, other=0)"
-            else:
-                code = f"tl.load({pointer})"
+            offset = " + ".join(o for o in view.offsets if o != "0")
+            address = f"{pointer} + {offset}" if offset else pointer
+            if view.in_bounds:
+                code = f"tl.load({address}, mask={' & '.join(view.in_bounds)}, other=0)"
+            else:             # constant indices, checked when translated
+                code = f"tl.load({address})"
             self.loads[node] = self._assign(code, view.dtype)
         return self.loads[node]
 
@@ -219,7 +225,7 @@ class EmitterBase:
             tensor = self.captured[node.target]
             return View(tensor.slot, tensor.name, tensor.shape, tensor.strides, tensor.dtype)
         if node.target in self.fresh_constants:
-            return ("fresh", self.fresh_constants[node.target])
+            return FreshConstant(self.fresh_constants[node.target])
         raise self._unsupported(f"the tensor constant {node.target}")
 
     def _call(self, node: torch.fx.Node):

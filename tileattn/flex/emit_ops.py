@@ -9,7 +9,7 @@ import math
 import torch
 import torch.fx
 
-from .emit import TL_DTYPES, EmitterBase, Value, View, _opmath
+from .emit import TL_DTYPES, EmitterBase, FreshConstant, Value, View, _opmath
 
 _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
@@ -54,7 +54,7 @@ class HookEmitter(EmitterBase):
             "clone", "alias", "alias_copy", "detach", "detach_copy", "view", "view_copy",
             "_unsafe_view", "reshape", "squeeze", "squeeze_copy", "unsqueeze", "unsqueeze_copy",
             "expand", "expand_copy", "permute", "permute_copy", "contiguous", "positive",
-            "sum", "amax", "amin", "max", "min", "mean")},
+            "sum", "amax", "amin", "mean")},
     }
 
     # ---- arithmetic -------------------------------------------------------------------------
@@ -152,9 +152,21 @@ class HookEmitter(EmitterBase):
         return self._elementwise(node, "libdevice.pow({0}, {1})", base, exponent, typed=True)
 
     def _op_maximum(self, node, a, b):
-        function = "tl.maximum" if _packet(node) == "maximum" else "tl.minimum"
+        function = "tl.maximum" if _packet(node) in ("maximum", "max") else "tl.minimum"
         nan = _NAN_PROPAGATING if _opmath(self._out_dtype(node)).is_floating_point else ""
         return self._elementwise(node, f"{function}({{0}}, {{1}}{nan})", a, b)
+
+    def _op_max(self, node, a, *rest, **kwargs):
+        """max(x) of a 0-d value is x; max(x, y) is maximum; max along a dim (values and
+        indices) has no meaning on a hook's scalars."""
+        overload = node.target._overloadname
+        if overload == "default":
+            return self._op_identity(node, a)
+        if overload == "other":
+            return self._op_maximum(node, a, rest[0])
+        raise self._unsupported(f"the operation {node.target}")
+
+    _op_min = _op_max
 
     def _op_clamp(self, node, a, low=None, high=None):
         if _packet(node) == "clamp_max":
@@ -245,8 +257,8 @@ class HookEmitter(EmitterBase):
 
     def _op_lift_fresh_copy(self, node, a):
         value = self.values[a]
-        if isinstance(value, tuple) and value[0] == "fresh":
-            tensor = value[1]
+        if isinstance(value, FreshConstant):
+            tensor = value.tensor
             if tensor.numel() != 1:
                 raise self._unsupported(
                     f"a tensor of {tensor.numel()} elements created inside the function "
@@ -256,7 +268,7 @@ class HookEmitter(EmitterBase):
 
     def _op_index(self, node, base, indices):
         view = self.values[base]
-        if isinstance(view, tuple) and view[0] == "fresh":
+        if isinstance(view, FreshConstant):
             raise self._unsupported("indexing a tensor created inside the function: create it "
                                     "outside and close over it")
         if not isinstance(view, View):

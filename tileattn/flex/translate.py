@@ -18,6 +18,7 @@ import importlib.util
 import os
 import pathlib
 import sys
+import tempfile
 import weakref
 from dataclasses import dataclass
 
@@ -140,41 +141,49 @@ def _translate_uncached(fn, role, first_slot, found):
     _STATS["traces"] += 1
     label = closure.function_name(fn)
     graph_module = trace.trace(fn, role)
-    walk_position = {id(t): i for i, t in enumerate(found.tensors)}
-    captured: dict[str, CapturedTensor] = {}
-    fresh: dict[str, torch.Tensor] = {}
-    slot_sources: list = []
-    fresh_targets = {node.args[0].target for node in graph_module.graph.nodes
-                     if node.op == "call_function" and node.args
-                     and getattr(node.target, "overloadpacket", None)
-                     is torch.ops.aten.lift_fresh_copy and node.args[0].op == "get_attr"}
-    for node in graph_module.graph.nodes:
-        if node.op != "get_attr" or node.target in captured or node.target in fresh:
-            continue
-        tensor = getattr(graph_module, node.target)
-        if node.target in fresh_targets:
-            fresh[node.target] = tensor
-            continue
-        if id(tensor) in walk_position:
-            source = ("walk", walk_position[id(tensor)])
-            name = found.names[source[1]]
-        else:
-            source = ("fixed", tensor)
-            name = f"a tensor {label} reaches through an object tileattn cannot inspect"
-        if source not in slot_sources:
-            slot_sources.append(source)
-        slot = first_slot + slot_sources.index(source)
-        captured[node.target] = CapturedTensor(slot, name, tuple(tensor.shape), tensor.stride(),
-                                               tensor.dtype)
+    captured, fresh, slot_sources = _classify_constants(graph_module, found, label, first_slot)
     body = HookEmitter(graph_module, role, label, captured, fresh).emit(role)
-    slot_lines = sorted({(t.slot, t.name, t.dtype, t.shape, t.strides) for t in captured.values()})
-    slots = "\n".join(f"#   {slot}: {name}, {str(dtype).replace('torch.', '')} "
-                      f"shape {list(shape)} strides {list(strides)}"
+    slot_lines = sorted({(t.slot, t.name, str(t.dtype).replace("torch.", ""), t.shape, t.strides)
+                         for t in captured.values()})
+    slots = "\n".join(f"#   {slot}: {name}, {dtype} shape {list(shape)} strides {list(strides)}"
                       for slot, name, dtype, shape, strides in slot_lines) or "#   (none)"
     source = _HEADER.format(label=label, slots=slots) + body
     function = getattr(_load_module(source), role)
     needs_identity = any(kind == "fixed" for kind, _ in slot_sources)
     return TranslatedHook(function, source, role, first_slot, tuple(slot_sources)), needs_identity
+
+
+def _classify_constants(graph_module, found: closure.Captures, label: str, first_slot: int):
+    """The graph's tensor constants: tensors the function captures (each a mod_args slot,
+    from first_slot on, in order of first use) and tensors it creates (torch.tensor(...),
+    followed by lift_fresh_copy in the graph, whose values the hook inlines)."""
+    walk_position = {id(t): i for i, t in enumerate(found.tensors)}
+    created = {node.args[0].target for node in graph_module.graph.nodes
+               if getattr(node.target, "overloadpacket", None) is torch.ops.aten.lift_fresh_copy
+               and node.args[0].op == "get_attr"}
+    captured: dict[str, CapturedTensor] = {}
+    fresh: dict[str, torch.Tensor] = {}
+    slot_of: dict[int, int] = {}           # id(tensor) -> slot
+    slot_sources: list = []
+    for node in graph_module.graph.nodes:
+        if node.op != "get_attr" or node.target in captured or node.target in fresh:
+            continue
+        tensor = getattr(graph_module, node.target)
+        if node.target in created:
+            fresh[node.target] = tensor
+            continue
+        if id(tensor) not in slot_of:
+            slot_of[id(tensor)] = first_slot + len(slot_sources)
+            if id(tensor) in walk_position:
+                slot_sources.append(("walk", walk_position[id(tensor)]))
+            else:
+                slot_sources.append(("fixed", tensor))
+        where = slot_sources[slot_of[id(tensor)] - first_slot]
+        name = (found.names[where[1]] if where[0] == "walk" else
+                f"a tensor {label} reaches through an object tileattn cannot inspect")
+        captured[node.target] = CapturedTensor(slot_of[id(tensor)], name, tuple(tensor.shape),
+                                               tensor.stride(), tensor.dtype)
+    return captured, fresh, slot_sources
 
 
 def _load_module(source: str):
@@ -183,13 +192,11 @@ def _load_module(source: str):
     module = _MODULES.get(digest)
     if module is not None:
         return module
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"hook_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        partial = directory / f".hook_{digest}.{os.getpid()}.tmp"
-        partial.write_text(source)
-        os.replace(partial, path)
+    try:
+        path = _write_once(cache_dir(), digest, source)
+    except OSError:         # an unwritable home: the temporary directory will do
+        path = _write_once(pathlib.Path(tempfile.gettempdir()) / f"tileattn-{os.getuid()}"
+                           / "flex_hooks", digest, source)
     name = f"tileattn_flex_hook_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -197,6 +204,16 @@ def _load_module(source: str):
     spec.loader.exec_module(module)
     _MODULES[digest] = module
     return module
+
+
+def _write_once(directory: pathlib.Path, digest: str, source: str) -> pathlib.Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"hook_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        partial = directory / f".hook_{digest}.{os.getpid()}.tmp"
+        partial.write_text(source)
+        os.replace(partial, path)        # atomic: a concurrent reader never sees half a file
+    return path
 
 
 def _bound_tensors(hook: TranslatedHook, found: closure.Captures, role: str,
