@@ -16,7 +16,7 @@ from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
 from tileattn.arch import FP8_DTYPES
 
-from .test_flex_translate import (alibi, causal, doc_ids_for, document, prefix_lm,
+from .flex_functions import (alibi, causal, doc_ids_for, document, prefix_lm,
                                   relative_position, sliding_window, softcap)
 
 HEAD_DIM = 64

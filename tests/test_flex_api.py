@@ -15,7 +15,7 @@ from tileattn.kernels import attention_fwd
 from .conftest import LSE_TOLERANCES, TOLERANCES
 from .flex_cases import CASES, case, check_against_torch
 from .flex_reference import dense_blocks, reference_attention_with_mods
-from .test_flex_translate import causal, doc_ids_for, document, sliding_window
+from .flex_functions import causal, doc_ids_for, document, sliding_window
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 CPU = torch.device("cpu")

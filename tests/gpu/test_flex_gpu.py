@@ -12,7 +12,7 @@ from tileattn.kernels import attention_fwd
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
 from ..flex_cases import CASES, case, check_against_torch
-from ..test_flex_translate import alibi, causal, doc_ids_for, document, sliding_window, softcap
+from ..flex_functions import alibi, causal, doc_ids_for, document, sliding_window, softcap
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

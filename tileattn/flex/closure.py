@@ -8,7 +8,8 @@ bound methods and the attributes of plain objects — and returns:
 
 - `signature`: hashable; equal signatures trace to the same graph. Python scalars, strings and
   dtypes count by value; tensors by shape, strides, dtype, device and requires_grad (never by
-  contents: the hooks load them at run time); code objects by identity.
+  contents: the hooks load them at run time); code objects as Python compares them (the
+  same code, defined at the same place).
 - `tensors`: the tensors reached, in walk order (the same order for equal signatures), with a
   readable name each for error messages ("closure variable 'doc_ids' of document_mask").
 

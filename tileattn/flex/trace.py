@@ -74,8 +74,8 @@ def trace(fn, role: str) -> torch.fx.GraphModule:
         raise UnsupportedModError(
             f"{role.replace('_grad', '')} {function_name(fn)} reads the value of a tensor in "
             "Python (an `if`/`while` on a tensor, bool(), int(), float(), .item(), or an op whose "
-            "output shape depends on data): a kernel hook cannot branch in Python on data. Use torch.where(condition, a, b) and "
-            f"tensor comparisons instead. ({type(error).__name__}: "
+            "output shape depends on data): a kernel hook cannot branch in Python on data. Use "
+            f"torch.where(condition, a, b) and tensor comparisons instead. ({type(error).__name__}: "
             f"{str(error).splitlines()[0]})") from None
     except RuntimeError as error:
         if role == "score_mod_grad" and "does not require grad" in str(error):
