@@ -101,27 +101,27 @@ def block_mask_tensors(block_mask, *, batch: int, num_q_heads: int, seqlen_q: in
         tensor = tensor if tensor.dtype == torch.int32 else tensor.to(torch.int32)
         return tensor.expand(batch, num_q_heads, *tensor.shape[2:])
 
-    empty = torch.zeros((1, 1, 1), dtype=torch.int32, device=device)
-    full_num = block_mask.full_kv_num_blocks
-    full_idx = block_mask.full_kv_indices
+    full_num, full_idx = block_mask.full_kv_num_blocks, block_mask.full_kv_indices
+    q_num, q_idx = block_mask.q_num_blocks, block_mask.q_indices
+    full_q_num, full_q_idx = block_mask.full_q_num_blocks, block_mask.full_q_indices
+    # Every list the BlockMask holds is checked, whether this call uses it or not (so that
+    # forward and backward calls share one check); lists made below are right by construction.
+    owned = [(block_mask.kv_num_blocks, block_mask.kv_indices, num_kv_blocks, "kv"),
+             (full_num, full_idx, num_kv_blocks, "full_kv"),
+             (q_num, q_idx, num_q_blocks, "q"), (full_q_num, full_q_idx, num_q_blocks, "full_q")]
+    _check_contents(block_mask, [entry for entry in owned if entry[0] is not None])
     if full_num is None:
+        empty = torch.zeros((1, 1, 1), dtype=torch.int32, device=device)
         full_num = empty.expand(1, 1, num_q_blocks)
         full_idx = empty[..., None].expand(1, 1, num_q_blocks, 1)
-    lists = [(block_mask.kv_num_blocks, block_mask.kv_indices, num_kv_blocks, "kv"),
-             (full_num, full_idx, num_kv_blocks, "full_kv")]
     transposes = [None] * 4
     if transposed:
-        q_num, q_idx = block_mask.q_num_blocks, block_mask.q_indices
         if q_num is None:
             q_num, q_idx = _transpose(block_mask.kv_num_blocks, block_mask.kv_indices,
                                       num_kv_blocks)
-        full_q_num, full_q_idx = block_mask.full_q_num_blocks, block_mask.full_q_indices
         if full_q_num is None:
             full_q_num, full_q_idx = _transpose(full_num, full_idx, num_kv_blocks)
-        lists += [(q_num, q_idx, num_q_blocks, "q"), (full_q_num, full_q_idx, num_q_blocks,
-                                                      "full_q")]
         transposes = [q_num, q_idx, full_q_num, full_q_idx]
-    _check_contents(block_mask, lists)
     views = [prepared(t) for t in (block_mask.kv_num_blocks, block_mask.kv_indices, full_num,
                                    full_idx)]
     views += [None if t is None else prepared(t) for t in transposes]
