@@ -227,3 +227,18 @@ def test_largest_tile_divides_the_block():
     assert largest_tile(128, 64) == 64 and largest_tile(128, 128) == 128
     assert largest_tile(48, 64) == 16 and largest_tile(96, 64) == 32 and largest_tile(80, 128) == 16
     assert all(1024 % largest_tile(1024, t) == 0 for t in (16, 32, 64, 128, 256))
+
+
+def test_block_lists_are_read_once_per_mask(monkeypatch):
+    """The host read that checks a BlockMask happens on its first use only (forward and
+    backward uses alike), not on every call."""
+    mask = create_block_mask(sliding_window(20), 1, 1, 45, 45, device="cpu", BLOCK_SIZE=16,
+                             separate_full_blocks=False)
+    arguments = dict(batch=1, num_q_heads=1, seqlen_q=45, seqlen_k=45, device=CPU)
+    block_mask_tensors(mask, **arguments)
+
+    def no_host_read(*args, **kwargs):
+        raise AssertionError("block lists read again")
+    monkeypatch.setattr(torch, "stack", no_host_read)
+    block_mask_tensors(mask, **arguments)
+    block_mask_tensors(mask, **arguments, transposed=True)
