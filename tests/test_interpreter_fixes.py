@@ -8,6 +8,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="checks the CPU interpreter")
@@ -71,3 +72,18 @@ def test_bf16_dot_multiplies_values():
     c = torch.empty(32, 32)
     _dot_kernel[(1,)](a, b, c, 32)
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_libdevice_tanh_and_pow_run():
+    @triton.jit
+    def tanh_pow(x_ptr, tanh_ptr, pow_ptr):
+        offs = tl.arange(0, 64)
+        x = tl.load(x_ptr + offs)
+        tl.store(tanh_ptr + offs, libdevice.tanh(x))
+        tl.store(pow_ptr + offs, libdevice.pow(tl.abs(x), tl.full([], 1.5, tl.float32)))
+
+    x = torch.randn(64, generator=torch.Generator().manual_seed(2)) * 3
+    tanh, power = torch.empty_like(x), torch.empty_like(x)
+    tanh_pow[(1,)](x, tanh, power)
+    torch.testing.assert_close(tanh, torch.tanh(x), rtol=2e-7, atol=2e-7)
+    torch.testing.assert_close(power, x.abs() ** 1.5, rtol=2e-7, atol=2e-7)

@@ -14,8 +14,11 @@ What the interpreter gets wrong (triton/runtime/interpreter.py, 3.6.0):
 - fp32 -> bf16 truncates (the GPU's fptrunc rounds to nearest even).
 - tl.dot on bf16 operands multiplies their raw uint16 storage as integers, so any bf16 dot is
   wrong (the reason bf16 was untested on the CPU).
-Each is replaced by torch's conversion (round to nearest even, NaN kept) or by an fp32 matmul
-of the bf16 values.
+- libdevice functions (triton.language.extra.libdevice) are stubs that return None: a
+  kernel calling libdevice.tanh fails. tanh and pow, which translated flex hooks use, are
+  given numpy's (within an ulp or two of libdevice's on the GPU).
+Each is replaced by torch's conversion (round to nearest even, NaN kept), by an fp32 matmul
+of the bf16 values, or by numpy's function.
 """
 
 from __future__ import annotations
@@ -75,6 +78,23 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
                                     d.dtype.scalar)
 
 
+def _numpy_libdevice(function):
+    """A libdevice function for interpreted kernels: numpy's `function` on the tensors'
+    values, in the first tensor's dtype."""
+    def run(*args):
+        first = next(a for a in args if isinstance(a, tl.tensor))
+        values = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
+        result = np.asarray(function(*values)).astype(first.handle.data.dtype)
+        scalar = first.dtype.scalar
+        kind = tl.block_type(scalar, list(result.shape)) if result.shape else scalar
+        return tl.tensor(interpreter.TensorHandle(result, scalar), kind)
+    run.__name__ = function.__name__
+    return run
+
+
+_LIBDEVICE = {"tanh": np.tanh, "pow": np.power}
+
+
 def apply() -> bool:
     """Install the corrections for good (idempotent); False, and nothing changed, under another
     Triton version, whose interpreter may differ: the fixes must be re-checked against it."""
@@ -82,6 +102,9 @@ def apply() -> bool:
         return False
     interpreter._convert_float = _convert_float
     interpreter.InterpreterBuilder.create_dot = _create_dot
+    from triton.language.extra import libdevice
+    for name, function in _LIBDEVICE.items():
+        setattr(libdevice, name, _numpy_libdevice(function))
     return True
 
 

@@ -1,0 +1,74 @@
+"""tileattn.flex_attention on a real GPU: the CPU cases at longer sequences, and torch's default
+128-wide mask blocks at real sizes, against torch's eager flex_attention in fp32. Skipped
+without CUDA or while the forward kernel with hooks is not wired."""
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from tileattn.flex import flex_attention
+from tileattn.flex.translate import cache_info, translate_mods
+from tileattn.kernels import attention_fwd
+
+from ..conftest import LSE_TOLERANCES, TOLERANCES
+from ..flex_cases import CASES, case, check_against_torch
+from ..flex_functions import alibi, causal, doc_ids_for, document, sliding_window, softcap
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not hasattr(attention_fwd, "attention_with_mods"),
+                       reason="tileattn.kernels.attention_fwd.attention_with_mods is not wired"),
+]
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_cases_at_longer_sequences(name, dtype):
+    check_against_torch(flex_attention, case(name, dtype=dtype, device="cuda", scale_up=9),
+                        TOLERANCES, LSE_TOLERANCES)
+
+
+def _real_size_case(kind, dtype, seqlen=1000, batch=2, heads=8):
+    gen = torch.Generator(device="cuda").manual_seed(seqlen + len(kind))
+    tensors = [torch.randn(batch, heads, seqlen, 128, device="cuda", generator=gen)
+               for _ in range(3)]
+    descales = {}
+    if dtype.itemsize == 1:
+        quantized = []
+        for name, t in zip(("q", "k", "v"), tensors):
+            scale = torch.finfo(dtype).max / t.abs().amax()
+            quantized.append((t * scale).to(dtype))
+            descales[f"{name}_descale"] = (1.0 / scale).float()
+        tensors = quantized
+    else:
+        tensors = [t.to(dtype) for t in tensors]
+    masks = {"causal": causal, "sliding_window": sliding_window(256),
+             "document": document(doc_ids_for(batch, seqlen, 5).cuda())}
+    score_mods = {"causal": softcap(30.0), "sliding_window": None,
+                  "document": alibi(torch.rand(heads, device="cuda"))}
+    block_mask = create_block_mask(masks[kind], batch if kind == "document" else 1, 1, seqlen,
+                                   seqlen, device="cuda")           # torch's 128x128 blocks
+    query, key, value = tensors
+    return dict(query=query, key=key, value=value, block_mask=block_mask,
+                score_mod=score_mods[kind], **descales)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["causal", "sliding_window", "document"])
+def test_default_block_size_at_real_sizes(kind, dtype):
+    check_against_torch(flex_attention, _real_size_case(kind, dtype), TOLERANCES, LSE_TOLERANCES)
+
+
+def test_repeat_calls_do_not_translate_again():
+    arguments = _real_size_case("document", torch.bfloat16)
+    flex_attention(**arguments)
+    traces = cache_info()["traces"]
+    arguments["block_mask"] = create_block_mask(document(doc_ids_for(2, 1000, 7).cuda()), 2, 1,
+                                                1000, 1000, device="cuda")
+    flex_attention(**arguments)
+    assert cache_info()["traces"] == traces
+    hooks = translate_mods(arguments["score_mod"], arguments["block_mask"].mask_mod,
+                           device=torch.device("cuda"))
+    assert all(t.is_cuda for t in hooks.mod_args)
