@@ -1,6 +1,6 @@
 """An fp64 stand-in for the forward kernel entry point tileattn.flex_attention calls, for tests
 only: reference_attention_with_mods has the signature and the contract of
-tileattn.kernels.attention_fwd.attention_with_mods (see tileattn/flex/api.py), so the tests can
+tileattn.ops.flex.attention_with_mods (see tileattn/flex/api.py), so the tests can
 check everything between the user's functions and the kernel — translation, block lists,
 argument plumbing — before the kernel exists, and later hold the kernel to the same contract.
 

@@ -10,7 +10,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 from tileattn.flex import api as flex_api
 from tileattn.flex import flex_attention
 from tileattn.flex.block_mask import block_mask_tensors, largest_tile
-from tileattn.kernels import attention_fwd
+from tileattn.ops import flex as flex_op
 
 from .conftest import LSE_TOLERANCES, TOLERANCES
 from .flex_cases import CASES, case, check_against_torch
@@ -28,7 +28,7 @@ def _hook_files_in_tmp(tmp_path, monkeypatch):
 
 @pytest.fixture
 def fp64_kernel_stand_in(monkeypatch):
-    monkeypatch.setattr(attention_fwd, "attention_with_mods", reference_attention_with_mods,
+    monkeypatch.setattr(flex_op, "attention_with_mods", reference_attention_with_mods,
                         raising=False)
 
 
@@ -53,7 +53,7 @@ def test_kernel_receives_the_contract(fp64_kernel_stand_in, monkeypatch):
     def recording(q, k, v, out, lse, **kwargs):
         seen.update(q=q, k=k, v=v, out=out, lse=lse, **kwargs)
         reference_attention_with_mods(q, k, v, out, lse, **kwargs)
-    monkeypatch.setattr(attention_fwd, "attention_with_mods", recording)
+    monkeypatch.setattr(flex_op, "attention_with_mods", recording)
     arguments = case("document_alibi")
     out = flex_attention(**arguments)
     query = arguments["query"]
@@ -66,12 +66,6 @@ def test_kernel_receives_the_contract(fp64_kernel_stand_in, monkeypatch):
     lists = seen["block_mask_tensors"]
     assert (lists.q_block_size, lists.kv_block_size) == (32, 16)
     assert seen["q_descale"] is None
-
-
-def test_without_the_kernel_entry_point_the_error_says_so(monkeypatch):
-    monkeypatch.delattr(attention_fwd, "attention_with_mods", raising=False)
-    with pytest.raises(NotImplementedError, match="attention_with_mods"):
-        flex_attention(**case("causal"))
 
 
 # ---- argument checks ------------------------------------------------------------------------
@@ -135,7 +129,7 @@ def test_inputs_requiring_grad_are_refused(fp64_kernel_stand_in):
 
 
 def test_cpu_without_the_interpreter_is_refused(monkeypatch, fp64_kernel_stand_in):
-    monkeypatch.setattr(flex_api, "interpreter_active", lambda: False)
+    monkeypatch.setattr("tileattn.checks.interpreter_active", lambda: False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         flex_attention(**case("causal"))
 

@@ -1,9 +1,7 @@
 """tileattn.flex_attention end to end on the real forward kernel (in the interpreter on the CPU):
 results against torch's eager flex_attention in fp32 on the same inputs, and the kernel entry
 point against the fp64 stand-in that documents its contract (tests/flex_reference.py), with
-poisoned outputs so that unwritten elements are caught.
-
-Skipped while tileattn.kernels.attention_fwd.attention_with_mods does not exist."""
+poisoned outputs so that unwritten elements are caught."""
 
 import pytest
 import torch
@@ -11,19 +9,13 @@ import torch
 from tileattn.flex import flex_attention
 from tileattn.flex.block_mask import block_mask_tensors
 from tileattn.flex.translate import translate_mods
-from tileattn.kernels import attention_fwd
+from tileattn.ops import flex as flex_op
 
 from .conftest import LSE_TOLERANCES, TOLERANCES
 from .flex_cases import CASES, case, check_against_torch
 from .flex_reference import reference_attention_with_mods
 
-pytestmark = [
-    pytest.mark.skipif(not hasattr(attention_fwd, "attention_with_mods"),
-                       reason="the forward kernel with hooks and block lists "
-                              "(tileattn.kernels.attention_fwd.attention_with_mods) is not "
-                              "wired yet"),
-    pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +46,7 @@ def test_kernel_writes_what_the_contract_says(name):
     lists = block_mask_tensors(arguments["block_mask"], batch=batch, num_q_heads=num_q_heads,
                                seqlen_q=seqlen_q, seqlen_k=key.shape[1], device=query.device)
     results = []
-    for entry_point in (attention_fwd.attention_with_mods, reference_attention_with_mods):
+    for entry_point in (flex_op.attention_with_mods, reference_attention_with_mods):
         out = torch.full((batch, num_q_heads, seqlen_q, value.shape[3]), float("nan"),
                          dtype=query.dtype).transpose(1, 2)
         lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"))

@@ -298,7 +298,7 @@ sys.path.insert(0, os.getcwd())
 from tests.test_flex_translate import SCORE_MODS, MASKS
 from tests.flex_hook_runner import mask_mod_grid_kernel, score_mod_grid_kernel
 from tileattn.flex import translate
-from tileattn.kernels.cross_compile import _POINTER_TYPES
+from tileattn.kernels.compile import _POINTER_TYPES
 
 def compile_hook(kernel, hook_name, hook, mod_args, extra):
     signature = {"mod_args": tuple(_POINTER_TYPES[t.dtype] for t in mod_args),

@@ -8,7 +8,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 from tileattn.flex import flex_attention
 from tileattn.flex.translate import cache_info, translate_mods
-from tileattn.kernels import attention_fwd
+from tileattn.ops import flex as flex_op
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
 from ..flex_cases import CASES, case, check_against_torch
@@ -16,8 +16,6 @@ from ..flex_functions import alibi, causal, doc_ids_for, document, sliding_windo
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not hasattr(attention_fwd, "attention_with_mods"),
-                       reason="tileattn.kernels.attention_fwd.attention_with_mods is not wired"),
 ]
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]

@@ -251,6 +251,8 @@ def attention_fwd_kernel(
     stride_v_descale_b, stride_v_descale_h,
     stride_block_table_b,
     stride_mask_b, stride_mask_h, stride_mask_q, stride_index_b, stride_index_h, stride_index_q,
+    stride_full_mask_b, stride_full_mask_h, stride_full_mask_q,
+    stride_full_index_b, stride_full_index_h, stride_full_index_q,
     seqlen_q, seqlen_k, total_q, total_k, num_q_heads, gqa_group_size, num_pages,
     window_left, window_right, softmax_scale_log2, mod_args,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -343,9 +345,14 @@ def attention_fwd_kernel(
             HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET,
             BLOCK_MASK_KV)
         if HAS_FULL_BLOCKS:
+            full_count_at = (batch * stride_full_mask_b + head * stride_full_mask_h
+                             + q_block * stride_full_mask_q)
+            full_index_at = (batch.to(tl.int64) * stride_full_index_b
+                             + head.to(tl.int64) * stride_full_index_h
+                             + q_block.to(tl.int64) * stride_full_index_q)
             acc, l_i, m_i, bad_page = _attend_block_list(
-                acc, l_i, m_i, bad_page, q, full_kv_num_blocks_ptr + count_at,
-                full_kv_indices_ptr + index_at, k_base, v_base, stride_ks,
+                acc, l_i, m_i, bad_page, q, full_kv_num_blocks_ptr + full_count_at,
+                full_kv_indices_ptr + full_index_at, k_base, v_base, stride_ks,
                 stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
                 head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
                 HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE,
@@ -404,12 +411,29 @@ def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, in
     return descale, descale.stride(0), descale.stride(1)
 
 
+def _block_list_strides(block_mask) -> dict:
+    """Kernel stride arguments of a block mask's count ([B, H, q_blocks]) and index
+    ([B, H, q_blocks, n]) tensors, partial and full; zeros without one."""
+    names = ("b", "h", "q")
+    strides = {}
+    for prefix, counts, indices in (
+            ("", "kv_num_blocks", "kv_indices"), ("full_", "full_kv_num_blocks", "full_kv_indices")):
+        count = getattr(block_mask, counts, None) if block_mask else None
+        index = getattr(block_mask, indices, None) if block_mask else None
+        if index is not None and index.shape[-1] > 0 and index.stride(-1) != 1:
+            raise ValueError(f"{indices} must have a contiguous last dim, got {index.stride()}")
+        for i, name in enumerate(names):
+            strides[f"stride_{prefix}mask_{name}"] = count.stride(i) if count is not None else 0
+            strides[f"stride_{prefix}index_{name}"] = index.stride(i) if index is not None else 0
+    return strides
+
+
 @dataclass(frozen=True)
 class Masks:
     """Which keys each query sees, beyond the sequence bounds (all optional):
     causal and window_left/right as in masks.py (-1: unbounded), score_mod / mask_mod hooks
     with their mod_args tuple (docs/design.md, "Mods"), and a block mask
-    (flex.block_mask.KernelBlockMask: counts/indices tensors and block sizes)."""
+    (flex.block_mask.BlockMaskTensors: partial and full block lists and their block sizes)."""
     causal: bool = False
     window_left: int = -1
     window_right: int = -1
@@ -492,12 +516,7 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         stride_k_descale_b=skb, stride_k_descale_h=skh,
         stride_v_descale_b=svb, stride_v_descale_h=svh,
         stride_block_table_b=sequences.block_table.stride(0) if paged else 0,
-        stride_mask_b=block_mask.count_strides[0] if block_mask else 0,
-        stride_mask_h=block_mask.count_strides[1] if block_mask else 0,
-        stride_mask_q=block_mask.count_strides[2] if block_mask else 0,
-        stride_index_b=block_mask.index_strides[0] if block_mask else 0,
-        stride_index_h=block_mask.index_strides[1] if block_mask else 0,
-        stride_index_q=block_mask.index_strides[2] if block_mask else 0,
+        **_block_list_strides(block_mask),
         seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         total_q=q.shape[0] if varlen else 0,
         total_k=(sequences.block_table.shape[1] * k.shape[1] if paged else k.shape[0])
@@ -521,8 +540,8 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                         q.element_size()),
         IS_VARLEN=varlen, PAGE_SIZE=k.shape[1] if paged else 0,
         SCORE_MOD=masks.score_mod, MASK_MOD=masks.mask_mod,
-        BLOCK_MASK_Q=block_mask.q_block if block_mask else 0,
-        BLOCK_MASK_KV=block_mask.kv_block if block_mask else 0,
+        BLOCK_MASK_Q=block_mask.q_block_size if block_mask else 0,
+        BLOCK_MASK_KV=block_mask.kv_block_size if block_mask else 0,
         HAS_FULL_BLOCKS=block_mask is not None and block_mask.full_kv_num_blocks is not None,
         P_OFFSET=FP8_P_OFFSET if is_fp8 else 0.0,
     )

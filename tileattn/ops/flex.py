@@ -1,0 +1,92 @@
+"""The flex_attention op: translate the user's functions into kernel hooks, turn the BlockMask
+into block lists, and run the portable forward kernel with them.
+
+attention_with_mods is the kernel entry point (tests call it directly, NaN-poisoned):
+
+    attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod, mod_args,
+                        block_mask_tensors, q_descale, k_descale, v_descale) -> None
+
+    q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv]: any strides with the last dim
+    contiguous (flex's [B, H, S, D] transposed; batch stride 0 when one K/V serves every
+    sequence); out [B, Sq, Hq, Dv] written in full; lse None or float32 [B, Hq, Sq]; hooks
+    as docs/design.md ("Mods"); block_mask_tensors a flex.block_mask.BlockMaskTensors or None
+    (then every key block is visited and no mask hook applies); FP8 descales never None.
+    A BlockMask is literal: no built-in causal or window mask (top-left aligned when
+    Sq != Sk). Tiles are shrunk to divide the mask blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .. import checks, fp8
+from ..arch import FP8_DTYPES, arch_of, v_needs_k_major
+from ..flex.block_mask import block_mask_tensors, largest_tile
+from ..flex.translate import translate_mods
+from ..kernels.attention import fwd
+from ..kernels.runtime import on_device
+from .call_cache import unit_descale
+
+
+def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, return_lse,
+            q_descale, k_descale, v_descale):
+    """flex_attention()'s implementation."""
+    checks.flex_inputs(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+                       q_descale, k_descale, v_descale)
+    batch, num_q_heads, seqlen_q, head_dim = query.shape
+    seqlen_k = key.shape[2]
+    device = query.device
+    checks.runnable_device("query", device)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    mask_mod = None if block_mask is None else block_mask.mask_mod
+    hooks = translate_mods(score_mod, mask_mod, device=device)
+    block_lists = None
+    if block_mask is not None:
+        block_lists = block_mask_tensors(block_mask, batch=batch, num_q_heads=num_q_heads,
+                                         seqlen_q=seqlen_q, seqlen_k=seqlen_k, device=device)
+    if key.shape[0] != batch:          # one K/V for every batch entry (torch allows it)
+        key = key.expand(batch, *key.shape[1:])
+        value = value.expand(batch, *value.shape[1:])
+    is_fp8 = query.dtype in FP8_DTYPES
+    if is_fp8:
+        q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
+                                           for d in (q_descale, k_descale, v_descale))
+    out_dtype = torch.bfloat16 if is_fp8 else query.dtype
+    out = torch.empty((batch, num_q_heads, seqlen_q, value.shape[3]), dtype=out_dtype,
+                      device=device)
+    lse = (torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=device)
+           if return_lse else None)
+    with on_device(device):
+        attention_with_mods(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+            out.transpose(1, 2), lse, softmax_scale=scale, score_mod=hooks.score_mod,
+            mask_mod=hooks.mask_mod, mod_args=hooks.mod_args, block_mask_tensors=block_lists,
+            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return (out, lse) if return_lse else out
+
+
+def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod, mod_args,
+                        block_mask_tensors, q_descale, k_descale, v_descale) -> None:
+    """The kernel entry point (module docstring)."""
+    if q.shape[1] == 0:
+        return
+    if k.shape[1] == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return
+    arch = arch_of(q.device)
+    if v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v):
+        v = fp8.k_major_copy(v.contiguous() if v.stride(0) == 0 else v)
+    config = fwd.config_for(arch, q.shape[3], v.shape[3], q.dtype in FP8_DTYPES)
+    if block_mask_tensors is not None:
+        config = dataclasses.replace(
+            config, block_m=largest_tile(block_mask_tensors.q_block_size, config.block_m),
+            block_n=largest_tile(block_mask_tensors.kv_block_size, config.block_n))
+    masks = fwd.Masks(score_mod=score_mod, mask_mod=mask_mod, mod_args=tuple(mod_args),
+                      block_mask=block_mask_tensors)
+    fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale,
+                         False, arch, config, masks=masks).run()
