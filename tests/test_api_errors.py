@@ -132,10 +132,12 @@ def test_empty_inputs_follow_sdpa(shape, dtype):
         assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
-def test_meta_tensors_are_refused_by_name():
-    q, k, v = (x.to("meta") for x in inputs())
-    with pytest.raises(ValueError, match="q is on meta"):
-        tileattn.attention(q, k, v)
+def test_meta_tensors_get_meta_outputs_through_the_shape_function():
+    q, k, v = (x.to("meta") for x in inputs(head_dim_v=128))
+    out, lse = tileattn.attention(q, k, v, return_lse=True)
+    assert out.device.type == "meta" and out.shape == (1, 8, 4, 128) and lse.shape == (1, 4, 8)
+    with pytest.raises(ValueError, match="k must have q's head_dim"):
+        tileattn.attention(q, k[..., :32], v)
 
 
 def test_cpu_tensors_without_the_interpreter_are_refused():

@@ -6,8 +6,14 @@ Argument checks live in checks.py, kernel choices in dispatch.py, and each op's 
 
 from __future__ import annotations
 
+import math
+
+import torch
+
+from . import checks
 from .dispatch import use_kernels
 from .ops import attention as attention_op
+from .ops import library
 from .ops import mla as mla_op
 from .ops.mla import PerformanceWarning
 
@@ -37,6 +43,11 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
     Tensors must be on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1 set before import
     (the same Triton kernels run in Triton's interpreter).
     """
+    if _through_op("attention", q, k, v, q_descale, k_descale, v_descale, alibi_slopes):
+        out, lse = library.attention(
+            q, k, v, causal, _scale(softmax_scale, q), *window_size, float(softcap),
+            alibi_slopes, q_descale, k_descale, v_descale, out_dtype)
+        return (out, lse) if return_lse else out
     return attention_op.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                 window_size=window_size, softcap=softcap,
                                 alibi_slopes=alibi_slopes, q_descale=q_descale,
@@ -65,6 +76,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     validate=False skips that on a hot path. Whatever validate says, the kernel never reads or
     writes outside its tensors, and page ids outside the cache give NaN rows.
     """
+    if _through_op("attention_varlen", q, k, v, q_descale, k_descale, v_descale, alibi_slopes):
+        out, lse = library.attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+            _scale(softmax_scale, q), *window_size, float(softcap), alibi_slopes, block_table,
+            q_descale, k_descale, v_descale, out_dtype)
+        return (out, lse) if return_lse else out
     return attention_op.varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
@@ -109,6 +126,35 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
     outside kv_cache (an out-of-range page id is not followed) and rows whose page ids or plan
     are wrong come out NaN, which is all a captured graph can report.
     """
+    if plan is not None and _through_op("mla_decode", q, kv_cache, kv_descale):
+        out, lse = library.mla_decode(
+            q, kv_cache, page_table, seq_lens, float(softmax_scale), kv_descale, plan.work,
+            plan.batch_slots, plan.partial_out, plan.partial_lse, mla_op.plan_fields(plan))
+        return (out, lse) if return_lse else out
     return mla_op.decode(q, kv_cache, page_table, seq_lens, softmax_scale=softmax_scale,
                          kv_descale=kv_descale, plan=plan, return_lse=return_lse,
                          validate=validate)
+
+
+def _through_op(function: str, *tensors) -> bool:
+    """Whether a call goes through its custom op (ops/library.py): while torch.compile traces,
+    for tensors other than plain ones (meta, fake, functional), and where autograd records a
+    graph. Plain eager calls run the op's implementation directly."""
+    if torch.compiler.is_compiling():
+        return True
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue        # the checks name it
+        if type(t) is not torch.Tensor or t.device.type == "meta":
+            return True
+        if grad and t.requires_grad:
+            checks.differentiable(function, **{"input": t})
+            return True
+    return False
+
+
+def _scale(softmax_scale, q) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    return checks.positive_float("softmax_scale", softmax_scale)

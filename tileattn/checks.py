@@ -130,6 +130,12 @@ def no_grad(function: str, **tensors) -> None:
                              f"{name}.detach()")
 
 
+def differentiable(function: str, **tensors) -> None:
+    """Autograd is about to record through `function`: until its backward pass exists,
+    refuse (no_grad's message)."""
+    no_grad(function, **tensors)
+
+
 def descale(name: str, value, batch: int, heads: int) -> None:
     if value is None:
         return
@@ -149,9 +155,11 @@ def head_dim(name: str, dim: int) -> None:
 
 # ---- attention() -----------------------------------------------------------------------------
 
-def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype) -> None:
+def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype, *,
+                     device_check=True) -> None:
     """Everything attention() requires of its tensors and flags, except softmax_scale
-    (softmax_scale() converts it) and the V layout rule of the FP8 path (fp8.is_k_major)."""
+    (softmax_scale() converts it). device_check=False skips the device rule (shape functions
+    of the custom ops run on meta and fake tensors)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         tensor(name, x, 4)
         if x.dtype not in INPUT_DTYPES:
@@ -191,7 +199,8 @@ def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype
     descale("v_descale", v_descale, batch, num_kv_heads)
     device = same_device(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
                          v_descale=v_descale)
-    runnable_device("q", device)
+    if device_check:
+        runnable_device("q", device)
     flag("causal", causal)
     if out_dtype is not None and out_dtype not in OUTPUT_DTYPES:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")

@@ -16,6 +16,11 @@ from .call_cache import CallCache, tensor_key, unit_descale
 _CALLS = CallCache()
 
 
+def default_out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """bf16 for FP8 inputs, else the inputs' dtype."""
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
+
+
 def masks_for(causal, window_size, softcap, alibi_slopes) -> fwd.Masks:
     """The kernel's Masks for attention()'s mask arguments (already checked)."""
     score_mod, _, mod_args = mods.builtin(softcap, alibi_slopes)
@@ -36,8 +41,6 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
         masks = masks_for(causal, window_size, checks.softcap(softcap), alibi_slopes)
         return replay(q, k, v, q_descale, k_descale, v_descale, scale, masks.mod_args)
 
-    checks.no_grad("attention", q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
-                   v_descale=v_descale)
     checks.attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype)
     scale = checks.softmax_scale(softmax_scale, q.shape[3])
     checks.flag("return_lse", return_lse)
@@ -47,7 +50,7 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
     checks.alibi_slopes(alibi_slopes, batch, num_q_heads, q.device)
     masks = masks_for(causal, window, cap, alibi_slopes)
     is_fp8 = q.dtype in FP8_DTYPES
-    out_dtype = out_dtype or (torch.bfloat16 if is_fp8 else q.dtype)
+    out_dtype = out_dtype or default_out_dtype(q.dtype)
     out_shape = (batch, seqlen_q, num_q_heads, v.shape[3])
     lse_shape = (batch, num_q_heads, seqlen_q) if return_lse else None
     device = q.device
@@ -135,8 +138,6 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                    softmax_scale, window_size, softcap, alibi_slopes, block_table, q_descale,
                    k_descale, v_descale, out_dtype, return_lse, validate):
     """attention_varlen()'s implementation."""
-    checks.no_grad("attention_varlen", q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
-                   v_descale=v_descale)
     max_q, max_k = checks.varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, block_table, q_descale, k_descale,
                                         v_descale, out_dtype)
@@ -159,7 +160,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
     masks = masks_for(causal, window, cap, alibi_slopes)
     is_fp8 = q.dtype in FP8_DTYPES
-    out_dtype = out_dtype or (torch.bfloat16 if is_fp8 else q.dtype)
+    out_dtype = out_dtype or default_out_dtype(q.dtype)
     device = q.device
     out = torch.empty((q.shape[0], num_q_heads, v.shape[-1]), dtype=out_dtype, device=device)
     lse = (torch.empty((num_q_heads, q.shape[0]), dtype=torch.float32, device=device)

@@ -117,3 +117,36 @@ def _check_plan(plan, q, kv_cache, page_table, seq_lens, host_checks: bool) -> N
     if plan.kernel == "gluon":
         from ..kernels.mla import sm90
         sm90.check_inputs(q, kv_cache)
+
+
+# A plan's fields beyond its tensors, as the tileattn::mla_decode custom op carries them.
+_KERNELS = ("triton", "gluon")
+
+
+def plan_fields(plan: MLAPlan) -> list[int]:
+    return [plan.chunk_size, plan.num_work, plan.num_slots, plan.max_seq_len, plan.total_keys,
+            plan.max_slots_per_seq, _KERNELS.index(plan.kernel),
+            mla_kernels.SCHEDULES.index(plan.config.schedule)]
+
+
+def plan_from_fields(q, kv_cache, seq_lens, work, batch_slots, partial_out, partial_lse,
+                     fields: list[int]) -> MLAPlan:
+    """The plan plan_fields() encoded (its config is the chip's row for its schedule)."""
+    (chunk_size, num_work, num_slots, max_seq_len, total_keys, max_slots_per_seq, kernel,
+     schedule) = fields
+    batch, q_len, num_heads, _ = q.shape
+    config = mla_kernels.config_for(arch_of(q.device), mla_kernels.SCHEDULES[schedule],
+                                    num_heads * q_len)
+    return MLAPlan(work=work, batch_slots=batch_slots, partial_out=partial_out,
+                   partial_lse=partial_lse, batch=batch, num_heads=num_heads, q_len=q_len,
+                   page_size=kv_cache.shape[1], kv_dtype=kv_cache.dtype, chunk_size=chunk_size,
+                   num_work=num_work, num_slots=num_slots, max_seq_len=max_seq_len,
+                   total_keys=total_keys, max_slots_per_seq=max_slots_per_seq, config=config,
+                   kernel=_KERNELS[kernel], seq_lens=_planned_lengths(work, batch))
+
+
+def _planned_lengths(work: torch.Tensor, batch: int) -> torch.Tensor:
+    """The seq_lens a plan was made for, from its work items' fifth column (every sequence
+    has at least one item)."""
+    lengths = torch.zeros(batch, dtype=torch.int32, device=work.device)
+    return lengths.scatter_reduce(0, work[:, 0].long(), work[:, 4], reduce="amax")
