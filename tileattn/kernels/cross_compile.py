@@ -25,6 +25,9 @@ from triton import knobs
 from triton.knobs import HookChain
 from triton.compiler import ASTSource
 from triton.runtime.interpreter import InterpretedFunction
+from triton._C.libtriton import native_specialize_impl
+from triton._utils import find_paths_if, get_iterable_path
+from triton.backends.nvidia.compiler import CUDABackend
 
 _POINTER_TYPES = {
     torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
@@ -81,6 +84,10 @@ class KernelLaunch:
                 key.append((value.dtype, value.data_ptr() % 16 == 0))
             elif isinstance(value, int):
                 key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
+            elif kind is tuple:
+                # A tuple argument (the score/mask hooks' mod_args): Triton specializes each
+                # element as it would a plain argument.
+                key.append(_tuple_specialization(value))
             elif hasattr(value, "block_shape") and hasattr(value, "layout"):
                 # A Gluon TMA descriptor: Triton specializes it on exactly these (its
                 # specialization string is tensordesc<dtype[block_shape],layout>, no attributes).
@@ -93,11 +100,14 @@ class KernelLaunch:
     def bind(self) -> "BoundLaunch | None":
         """This launch with its tensors left open, for calls that differ from it only in
         tensors of the same dtype and alignment (and float scalars); None where the fast path
-        does not apply or the specialization is not compiled yet (run() once first)."""
+        does not apply or the specialization is not compiled yet (run() once first). Tensors
+        inside tuple arguments (mod_args) cannot be left open: such launches give None."""
         if not _fast_launch_possible(self.kernel):
             return None
         ordered = [self.constexprs[name] if name in self.constexprs else self.args[name]
                    for name in self.kernel.arg_names]
+        if any(isinstance(value, tuple) and _holds_tensor(value) for value in ordered):
+            return None
         compiled = _COMPILED.get(self._specialization_key(ordered))
         if compiled is None:
             return None
@@ -128,6 +138,31 @@ class BoundLaunch:
         compiled.run(self.grid[0], self.grid[1], self.grid[2],
                      torch.cuda.current_stream().cuda_stream, compiled.function,
                      compiled.packed_metadata, None, None, None, *args)
+
+
+def _tuple_specialization(values: tuple) -> tuple:
+    """KernelLaunch._specialization_key's entry for a tuple argument, element by element."""
+    key = []
+    for value in values:
+        kind = type(value)
+        if kind is tuple:
+            key.append(_tuple_specialization(value))
+        elif kind is bool or value is None:
+            key.append(value)
+        elif kind is float:
+            key.append(float)
+        elif isinstance(value, torch.Tensor):
+            key.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif isinstance(value, int):
+            key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
+        else:
+            key.append((kind, value))
+    return tuple(key)
+
+
+def _holds_tensor(values: tuple) -> bool:
+    return any(isinstance(v, torch.Tensor) or (isinstance(v, tuple) and _holds_tensor(v))
+               for v in values)
 
 
 # Compiled kernels by specialization key, for KernelLaunch.run's fast path.
@@ -194,6 +229,14 @@ def cross_compile(launch: KernelLaunch, capability: int) -> CompiledKernel:
                     attrs[(index,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             signature[name] = "fp32"
+        elif isinstance(value, tuple):
+            # A tuple argument (mod_args): typed element by element by Triton's own specializer.
+            kind, attr = native_specialize_impl(CUDABackend, value, False, True, True)
+            signature[name] = kind
+            for path in find_paths_if(kind, lambda _, t: t == "constexpr"):
+                constants[(index, *path)] = get_iterable_path(value, path)
+            for path in find_paths_if(attr, lambda _, a: isinstance(a, str) and a):
+                attrs[(index, *path)] = CUDABackend.parse_attr(get_iterable_path(attr, path))
         else:
             raise TypeError(f"cannot cross-compile argument {name}={value!r}")
     source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constants, attrs=attrs)
