@@ -11,8 +11,10 @@ import torch
 
 
 def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
-    """x [B, S, H, D] upcast to fp64, times its descale (scalar or [B, H])."""
-    x = x.to(torch.float32).to(torch.float64)
+    """x [B, S, H, D] upcast to fp64, times its descale (scalar or [B, H]). An fp64 x is kept
+    as it is, so that autograd's gradients stay fp64 (FP8 has no direct cast to fp64)."""
+    if x.dtype != torch.float64:
+        x = x.to(torch.float32).to(torch.float64)
     if descale is None:
         return x
     descale = descale.to(device=x.device, dtype=torch.float64)
@@ -22,35 +24,79 @@ def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
 
 
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None,
-                        q_descale=None, k_descale=None, v_descale=None):
-    """Exact attention in fp64. Returns (out [B, Sq, Hq, Dv], lse [B, Hq, Sq]), both fp64.
+                        q_descale=None, k_descale=None, v_descale=None,
+                        window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+    """Exact attention in fp64. Returns (out [B, Sq, Hq, Dv], lse [B, Hq, Sq]), both fp64;
+    differentiable (autograd gives fp64 gradients for fp64 inputs).
 
-    Causal masking is bottom-right aligned: query i sees keys j <= i + Sk - Sq. Rows that see
-    no key output 0 with lse = -inf.
+    Masks are bottom-right aligned: with p = i + Sk - Sq, query i sees keys
+    p - window_left <= j <= p + window_right (-1: that side unbounded); causal sets
+    window_right = 0. Scores s = q·k · softmax_scale become softcap · tanh(s / softcap) where
+    softcap > 0, then s - slope · |p - j| with alibi_slopes (fp32 [Hq] or [B, Hq]). Rows that
+    see no key output 0 with lse = -inf.
     """
     q, k, v = _descaled(q, q_descale), _descaled(k, k_descale), _descaled(v, v_descale)
-    seqlen_q, num_q_heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
+    if causal:
+        window_right = 0
     group = num_q_heads // num_kv_heads
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
+    cols = torch.arange(seqlen_k, device=q.device)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(device=q.device, dtype=torch.float64).expand(batch, num_q_heads)
     # Queries in chunks so that a 32k-context check needs ~1 GB of fp64 scores, not 100s.
     chunk = max(1, (1 << 27) // max(1, seqlen_k * num_q_heads * q.shape[0]))
     outs, lses = [], []
     for start in range(0, seqlen_q, chunk):
         rows = torch.arange(start, min(start + chunk, seqlen_q), device=q.device)
+        aligned = rows[:, None] + (seqlen_k - seqlen_q)          # bottom-right aligned position
         scores = torch.einsum("bqhd,bkhd->bhqk", q[:, rows], k) * softmax_scale
-        if causal:
-            cols = torch.arange(seqlen_k, device=q.device)
-            hidden = cols[None, :] > rows[:, None] + (seqlen_k - seqlen_q)
-            scores = scores.masked_fill(hidden, float("-inf"))
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        if alibi_slopes is not None:
+            distance = (aligned - cols[None, :]).abs().to(torch.float64)
+            scores = scores - slopes[:, :, None, None] * distance
+        hidden = torch.zeros(len(rows), seqlen_k, dtype=torch.bool, device=q.device)
+        if window_left >= 0:
+            hidden |= cols[None, :] < aligned - window_left
+        if window_right >= 0:
+            hidden |= cols[None, :] > aligned + window_right
+        scores = scores.masked_fill(hidden, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
         outs.append(torch.einsum("bhqk,bkhd->bqhd", probs, v))
         lses.append(lse)
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, alibi_slopes=None,
+                               **options):
+    """attention_reference over packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D|Dv],
+    cu_seqlens int32 [B + 1]; each sequence is masked and aligned on its own. alibi_slopes
+    [Hq] or [B, Hq]. Returns (out [total_q, Hq, Dv], lse [Hq, total_q]), fp64, differentiable."""
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(starts_q) - 1):
+        rows_q = slice(starts_q[b], starts_q[b + 1])
+        rows_k = slice(starts_k[b], starts_k[b + 1])
+        if rows_q.stop == rows_q.start:
+            continue
+        slopes = None if alibi_slopes is None else alibi_slopes.expand(len(starts_q) - 1, -1)[b]
+        qb, kb, vb = q[rows_q][None], k[rows_k][None], v[rows_k][None]
+        if rows_k.stop == rows_k.start:   # no keys: every row outputs 0, lse -inf
+            outs.append(torch.zeros(qb.shape[1], q.shape[1], v.shape[2], dtype=torch.float64,
+                                    device=q.device))
+            lses.append(torch.full((q.shape[1], qb.shape[1]), float("-inf"), dtype=torch.float64,
+                                   device=q.device))
+            continue
+        out, lse = attention_reference(qb, kb, vb, alibi_slopes=slopes, **options)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 
 def mla_decode_reference(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=None):
