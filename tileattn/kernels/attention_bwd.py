@@ -194,6 +194,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
     num_q_heads, head_dim = q.shape[-2], q.shape[-1]
     num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
     if is_varlen:
+        assert cu_seqlens_k is not None and max_seqlen_q is not None and max_seqlen_k is not None
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
