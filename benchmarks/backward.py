@@ -31,8 +31,9 @@ from tileattn.kernels.attention_bwd import attention_backward
 
 HEAD_DIMS = (64, 128)
 CONTEXTS = (1024, 4096, 16384)
-# Relative L2 distance between two bf16 backward passes of the same inputs (each about 4e-3
-# from fp64 on the CPU grid) that a timed call must stay under.
+# Largest relative L2 distance (worst of dq, dk, dv) to the yardstick peer's gradients on the
+# same inputs that a timed call may have: two bf16 backward passes, each within 1.1e-2 of fp64
+# (tests/conftest.py GRAD_TOLERANCES), are within about 2.2e-2 of each other.
 CHECK_TOLERANCE = 3e-2
 
 
