@@ -25,9 +25,6 @@ from triton import knobs
 from triton.knobs import HookChain
 from triton.compiler import ASTSource
 from triton.runtime.interpreter import InterpretedFunction
-from triton._C.libtriton import native_specialize_impl
-from triton._utils import find_paths_if, get_iterable_path
-from triton.backends.nvidia.compiler import CUDABackend
 
 _POINTER_TYPES = {
     torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
@@ -231,6 +228,9 @@ def cross_compile(launch: KernelLaunch, capability: int) -> CompiledKernel:
             signature[name] = "fp32"
         elif isinstance(value, tuple):
             # A tuple argument (mod_args): typed element by element by Triton's own specializer.
+            from triton._C.libtriton import native_specialize_impl
+            from triton._utils import find_paths_if, get_iterable_path
+            from triton.backends.nvidia.compiler import CUDABackend
             kind, attr = native_specialize_impl(CUDABackend, value, False, True, True)
             signature[name] = kind
             for path in find_paths_if(kind, lambda _, t: t == "constexpr"):
