@@ -11,8 +11,10 @@ import torch
 
 
 def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
-    """x [B, S, H, D] upcast to fp64, times its descale (scalar or [B, H])."""
-    x = x.to(torch.float32).to(torch.float64)
+    """x [B, S, H, D] upcast to fp64 (fp64 inputs kept, so autograd reaches them exactly),
+    times its descale (scalar or [B, H])."""
+    if x.dtype != torch.float64:
+        x = x.to(torch.float32).to(torch.float64)
     if descale is None:
         return x
     descale = descale.to(device=x.device, dtype=torch.float64)

@@ -41,7 +41,7 @@ from ...arch import Arch
 from ...scheduler import heads_per_group
 from ..runtime import KernelLaunch
 from ..softmax import online_softmax_step
-from .masks import key_blocks, paged_rows, visible
+from .masks import key_blocks, load_tile, paged_rows, visible
 
 LOG2_E = 1.4426950408889634
 _LOG2_E = tl.constexpr(LOG2_E)
@@ -91,7 +91,7 @@ CAUSAL_CONFIGS: dict[tuple[str, int, bool], TileConfig] = {
     ("sm90", 128, True): TileConfig(128, 128, 8, 3),
 }
 # Chips whose rows are another chip's: same shared memory and MMA generation.
-_SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
+SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
                     "rocm": "sm80"}
 
 
@@ -104,7 +104,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool,
                causal: bool = False) -> TileConfig:
-    name = _SAME_CONFIGS_AS.get(arch.name, arch.name)
+    name = SAME_CONFIGS_AS.get(arch.name, arch.name)
     width = padded_head_dim(max(head_dim, head_dim_v))
     if name == "cpu":
         is_fp8 = False
@@ -112,20 +112,6 @@ def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool,
     if causal and key in CAUSAL_CONFIGS:
         return CAUSAL_CONFIGS[key]
     return CONFIGS[key]
-
-
-@triton.jit
-def _load_tile(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """Load a 2-D tile, zero-filling rows where not row_ok and cols where not col_ok, where asked.
-    Unmasked loads where the bounds are known to hold keep the steady-state loop predicate-free."""
-    if MASK_ROWS and MASK_COLS:
-        return tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    elif MASK_ROWS:
-        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
-    elif MASK_COLS:
-        return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
-    else:
-        return tl.load(ptrs)
 
 
 @triton.jit
@@ -161,7 +147,7 @@ def _attend_key_blocks(
             bad_page = bad_page | bad
             k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
             v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd
-        k = _load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
+        k = load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
         qk = tl.dot(q, tl.trans(k))
         if SCORE_MOD is not None:
             # Hooks see natural-log scores; the softmax then works in base 2.
@@ -180,7 +166,7 @@ def _attend_key_blocks(
         # A score hook may return -inf too: rows must survive seeing only -inf.
         p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, step_scale,
                                                  MASKED or (SCORE_MOD is not None), P_OFFSET)
-        v = _load_tile(v_ptrs, key_ok, offs_dv < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)
+        v = load_tile(v_ptrs, key_ok, offs_dv < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)
         # FP8: P is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit halves the
         # rounding error of P and the tensor cores take mixed FP8 operands.
         p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
@@ -317,7 +303,7 @@ def attention_fwd_kernel(
     else:
         k_base += batch.to(tl.int64) * stride_kb + k_start * stride_ks
         v_base += batch.to(tl.int64) * stride_vb + k_start * stride_vs
-    q = _load_tile(q_ptrs, row_ok, offs_d < HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
+    q = load_tile(q_ptrs, row_ok, offs_d < HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
 
     qk_scale = softmax_scale_log2
     v_scale = 1.0

@@ -71,3 +71,17 @@ def paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages, stride_pag
         page = tl.where(outside, 0, page)
         rows = page.to(tl.int64) * stride_page + (cols % PAGE_SIZE).to(tl.int64) * stride_row
     return rows, bad
+
+
+@triton.jit
+def load_tile(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load a 2-D tile, zero-filling rows where not row_ok and cols where not col_ok, where asked.
+    Unmasked loads where the bounds are known to hold keep the steady-state loop predicate-free."""
+    if MASK_ROWS and MASK_COLS:
+        return tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    elif MASK_ROWS:
+        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    elif MASK_COLS:
+        return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
+    else:
+        return tl.load(ptrs)

@@ -1,0 +1,93 @@
+"""The attention backward kernels on a real GPU at real sizes against fp64 autograd: every
+head dim, long and lopsided contexts, both dQ modes, the mask/score features, varlen and
+fused gradient buffers. Skipped on machines without CUDA; run through the device tool."""
+
+import pytest
+import torch
+
+from ..backward_helpers import (BackwardCase, check_gradients, make_problem, make_varlen_problem,
+                                poisoned_like, relative_error, run_backward)
+from ..conftest import GRAD_TOLERANCES
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
+# (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads)
+SHAPES = [(2, 1000, 1000, 8, 2), (1, 4097, 4097, 4, 4), (1, 17, 3000, 4, 1), (1, 3000, 17, 4, 2)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"D{d[0]}-{d[1]}")
+def test_real_sizes(head_dims, shape, causal):
+    case = BackwardCase(*shape, *head_dims, causal=causal)
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=sum(shape))
+    check_gradients(problem, run_backward(problem), GRAD_TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp16(shape, causal):
+    case = BackwardCase(*shape, 128, 128, causal=causal)
+    problem = make_problem(case, torch.float16, "cuda", seed=sum(shape))
+    check_gradients(problem, run_backward(problem), GRAD_TOLERANCES[torch.float16])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"D{d[0]}-{d[1]}")
+def test_deterministic_dq(head_dims, causal):
+    case = BackwardCase(2, 1000, 1000, 8, 2, *head_dims, causal=causal)
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=5)
+    check_gradients(problem, run_backward(problem, deterministic=True),
+                    GRAD_TOLERANCES[torch.bfloat16])
+
+
+FEATURE_CASES = [
+    BackwardCase(2, 2048, 2048, 8, 2, 128, 128, window_left=256, window_right=64),
+    BackwardCase(2, 1500, 2048, 8, 2, 128, 128, causal=True, window_left=333),
+    BackwardCase(2, 1000, 1000, 8, 8, 64, 64, causal=True, softcap=30.0),
+    BackwardCase(2, 1000, 1300, 8, 2, 128, 128, alibi=True),
+    BackwardCase(1, 2000, 2000, 8, 4, 256, 256, causal=True, window_left=500, softcap=20.0,
+                 alibi=True),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
+@pytest.mark.parametrize("case", FEATURE_CASES, ids=str)
+def test_features(case, deterministic):
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=1)
+    check_gradients(problem, run_backward(problem, deterministic=deterministic),
+                    GRAD_TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
+@pytest.mark.parametrize("head_dims", [(64, 64), (128, 128), (192, 128)], ids=lambda d: f"D{d[0]}-{d[1]}")
+def test_varlen(head_dims, deterministic):
+    case = BackwardCase(0, 0, 0, 8, 2, *head_dims, causal=True)
+    problem = make_varlen_problem(case, [1000, 0, 1, 3000, 517, 64], [1200, 77, 1, 3000, 0, 64],
+                                  torch.bfloat16, "cuda", seed=2)
+    check_gradients(problem, run_backward(problem, deterministic=deterministic),
+                    GRAD_TOLERANCES[torch.bfloat16])
+
+
+def test_fused_qkv_and_gradient_buffers():
+    case = BackwardCase(2, 1000, 1000, 8, 8, 128, 128, causal=True)
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=3)
+    qkv = torch.stack((problem.q, problem.k, problem.v), dim=2)
+    grads = poisoned_like(qkv)
+    (q, k, v), (dq, dk, dv) = qkv.unbind(2), grads.unbind(2)
+    run_backward(problem, dq, dk, dv, q=q, k=k, v=v)
+    check_gradients(problem, (dq, dk, dv), GRAD_TOLERANCES[torch.bfloat16])
+
+
+def test_deterministic_repeats_bit_identically_and_matches_default():
+    case = BackwardCase(2, 4097, 4097, 8, 2, 128, 128, causal=True)
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=4)
+    first = run_backward(problem, deterministic=True)
+    second = run_backward(problem, deterministic=True)
+    default = run_backward(problem)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    tolerance = GRAD_TOLERANCES[torch.bfloat16]
+    check_gradients(problem, default, tolerance)
+    for a, b in zip(first, default):
+        assert relative_error(a, b.double()) < tolerance

@@ -1,0 +1,277 @@
+"""The attention backward pass: config tables, the two row kernels around the main ones, and
+the launcher that writes dq, dk, dv.
+
+Launch order:
+  1. attention_bwd_preprocess_kernel: delta = rowsum(dO ∘ O) in fp32 (and, for the default
+     atomic dQ, zeroes the fp32 dQ buffer, so no separate memset runs);
+  2. attention_bwd_dkdv_kernel (attention_bwd_dkdv.py): dK and dV, deterministically, and by
+     default dQ too, by fp32 atomics (one recomputation of P for all three gradients);
+  3. either attention_bwd_dq_convert_kernel: dq = softmax_scale · dQ buffer, in dq's dtype and
+     strides; or, deterministic=True, attention_bwd_dq_kernel (attention_bwd_dq.py): dQ in a
+     second pass over the keys with a fixed order of additions.
+
+Pointer layouts as in attention_bwd_dkdv.py. Workspace (attention_backward allocates it,
+backward_launches takes it): delta float32 with lse's shape, contiguous; dq_accum float32
+[batch, seqlen_q, num_q_heads, head_dim] (varlen [total_q, num_q_heads, head_dim]),
+contiguous, only for the atomic dQ.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...arch import Arch
+from .bwd_dkdv import attention_bwd_dkdv_kernel
+from .bwd_dq import attention_bwd_dq_kernel
+from .bwd_scores import packed_rows
+from .fwd import SAME_CONFIGS_AS, TileConfig, padded_head_dim
+from ..runtime import KernelLaunch
+
+# (arch, padded max(head_dim, head_dim_v)) -> tile configs; every row must fit the chip's
+# shared memory (tests/test_attention_bwd_cross_compile.py compiles each row for its chip).
+# Not measured on a GPU yet: chosen by ptxas's register report of the cross-compiled default
+# (atomic-dQ) kernels (benchmarks/backward_registers.py), as rows that spill nothing.
+#
+# dK/dV: block_n keys per program, block_m queries per step. The largest block_n that does not
+# spill, then the largest block_m: each key block reads all of Q and dO once and adds its dQ
+# share once, so block_n divides that traffic; its fp32 dK, dV (2·block_n·head_dim values)
+# stay in registers for the whole program, which caps it (8 warps: 128 keys up to D = 128,
+# 32 at D = 256). Except sm90 at D = 256: wgmma needs 64 rows, so 32 keys would put every
+# key-major product on mma.sync; 64 keys spill 100 bytes instead.
+DKDV_CONFIGS: dict[tuple[str, int], TileConfig] = {
+    ("sm90", 64): TileConfig(32, 128, 8, 2),
+    ("sm90", 128): TileConfig(16, 128, 8, 2),
+    ("sm90", 256): TileConfig(16, 64, 8, 2),
+    ("sm80", 64): TileConfig(16, 128, 8, 2),
+    ("sm80", 128): TileConfig(16, 128, 8, 2),
+    ("sm80", 256): TileConfig(32, 32, 8, 2),
+    # sm86 / sm89 / sm120: 99 KB.
+    ("sm89", 64): TileConfig(32, 128, 8, 2),
+    ("sm89", 128): TileConfig(16, 128, 8, 2),
+    ("sm89", 256): TileConfig(32, 32, 8, 2),
+    # The interpreter: small tiles so that short test sequences span several blocks.
+    ("cpu", 64): TileConfig(16, 16, 4, 1),
+    ("cpu", 128): TileConfig(16, 16, 4, 1),
+    ("cpu", 256): TileConfig(16, 16, 4, 1),
+}
+# Deterministic dQ: block_m queries per program (Q, dO and the fp32 dQ stay in registers),
+# block_n keys per step. The largest block_m that does not spill (each query block reads all
+# of K and V once), then block_n, with two stages where they fit.
+DQ_CONFIGS: dict[tuple[str, int], TileConfig] = {
+    ("sm90", 64): TileConfig(128, 64, 8, 2),
+    ("sm90", 128): TileConfig(128, 64, 8, 2),
+    ("sm90", 256): TileConfig(128, 32, 8, 2),
+    ("sm80", 64): TileConfig(128, 64, 8, 2),
+    ("sm80", 128): TileConfig(128, 32, 8, 2),
+    ("sm80", 256): TileConfig(64, 32, 8, 2),
+    ("sm89", 64): TileConfig(128, 64, 8, 2),
+    ("sm89", 128): TileConfig(128, 32, 8, 2),
+    ("sm89", 256): TileConfig(64, 16, 8, 2),
+    ("cpu", 64): TileConfig(16, 16, 4, 1),
+    ("cpu", 128): TileConfig(16, 16, 4, 1),
+    ("cpu", 256): TileConfig(16, 16, 4, 1),
+}
+# The row kernels (preprocess, dQ conversion) stream one tile of rows each; memory-bound.
+ROWS_PER_PROGRAM = {"cpu": 16}
+DEFAULT_ROWS_PER_PROGRAM = 64
+
+
+def _config(table: dict, arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
+    name = SAME_CONFIGS_AS.get(arch.name, arch.name)
+    return table[(name, padded_head_dim(max(head_dim, head_dim_v)))]
+
+
+def dkdv_config(arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
+    return _config(DKDV_CONFIGS, arch, head_dim, head_dim_v)
+
+
+def dq_config(arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
+    return _config(DQ_CONFIGS, arch, head_dim, head_dim_v)
+
+
+@triton.jit
+def attention_bwd_preprocess_kernel(
+    out_ptr, do_ptr, delta_ptr, dq_accum_ptr, cu_seqlens_q,
+    stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
+    stride_lse_b, stride_lse_h, stride_dq_accum_b, stride_dq_accum_s, stride_dq_accum_h,
+    seqlen_q,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr, ZERO_DQ_ACCUM: tl.constexpr,
+):
+    """delta[row] = Σ_d dO[row, d] · O[row, d] in fp32, per query row and head (delta laid out
+    as lse, with its strides); with ZERO_DQ_ACCUM also dq_accum's rows = 0. Grid (query blocks
+    of the longest sequence, num_q_heads, batch)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    q_start, seqlen_q = packed_rows(batch, cu_seqlens_q, seqlen_q, IS_VARLEN)
+    if start_m >= seqlen_q:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    rows = (q_start + offs_m)[:, None].to(tl.int64)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V)
+    out = tl.load(out_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+                  + rows * stride_os + offs_dv[None, :], mask=mask, other=0.0)
+    do = tl.load(do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+                 + rows * stride_dos + offs_dv[None, :], mask=mask, other=0.0)
+    delta = tl.sum(out.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(delta_ptr + batch.to(tl.int64) * stride_lse_b + head.to(tl.int64) * stride_lse_h
+             + q_start + offs_m, delta, mask=offs_m < seqlen_q)
+    if ZERO_DQ_ACCUM:
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        dq_ptrs = (dq_accum_ptr + batch.to(tl.int64) * stride_dq_accum_b
+                   + head.to(tl.int64) * stride_dq_accum_h + rows * stride_dq_accum_s + offs_d[None, :])
+        tl.store(dq_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
+                 mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def attention_bwd_dq_convert_kernel(
+    dq_accum_ptr, dq_ptr, cu_seqlens_q,
+    stride_dq_accum_b, stride_dq_accum_s, stride_dq_accum_h, stride_dqb, stride_dqs, stride_dqh,
+    seqlen_q, softmax_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """dq = softmax_scale · dq_accum, in dq's dtype and strides. Grid as the preprocess's."""
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1)
+    batch = tl.program_id(2)
+    q_start, seqlen_q = packed_rows(batch, cu_seqlens_q, seqlen_q, IS_VARLEN)
+    if start_m >= seqlen_q:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    rows = (q_start + offs_m)[:, None].to(tl.int64)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    dq = tl.load(dq_accum_ptr + batch.to(tl.int64) * stride_dq_accum_b
+                 + head.to(tl.int64) * stride_dq_accum_h + rows * stride_dq_accum_s
+                 + offs_d[None, :], mask=mask, other=0.0)
+    tl.store(dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+             + rows * stride_dqs + offs_d[None, :], (dq * softmax_scale).to(dq_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def _strides(prefix: str, x: torch.Tensor | None, is_varlen: bool) -> dict[str, int]:
+    """{prefix}b, {prefix}s, {prefix}h: the batch, seqlen and head strides of x [B, S, H, D] or
+    packed [total, H, D] (whose sequences are found through cu_seqlens: batch stride 0); zeros
+    for an absent tensor."""
+    if x is None:
+        strides = (0, 0, 0)
+    else:
+        strides = (0, x.stride(0), x.stride(1)) if is_varlen else x.stride()[:3]
+    return dict(zip((prefix + "b", prefix + "s", prefix + "h"), strides))
+
+
+def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
+    """(delta, dq_accum) for backward_launches: delta float32 with lse's shape, contiguous;
+    dq_accum float32 with q's shape, contiguous, or None when deterministic. Neither needs
+    initialising: the preprocess kernel writes delta and zeroes dq_accum."""
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
+    dq_accum = None if deterministic else torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    return delta, dq_accum
+
+
+def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, causal: bool,
+                      softmax_scale: float, window_left: int, window_right: int,
+                      cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                      score_mod=None, score_mod_grad=None, mask_mod=None, mod_args=(),
+                      arch: Arch, dkdv_tiles: TileConfig | None = None,
+                      dq_tiles: TileConfig | None = None) -> list[KernelLaunch]:
+    """The launches of one backward, in order, for checked inputs and a workspace from
+    backward_workspace (dq_accum None: the deterministic dQ kernel). dkdv_tiles / dq_tiles
+    override the config tables' rows (tests, tuning)."""
+    is_varlen = cu_seqlens_q is not None
+    assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
+    assert all(x.stride(-1) == 1 for x in (q, k, v, out, dout, dq, dk, dv)), "contiguous last dims"
+    assert lse.dtype == torch.float32 and lse.is_contiguous(), "lse: contiguous float32"
+    assert delta.shape == lse.shape and delta.is_contiguous()
+    assert score_mod_grad is not None or score_mod is None, "a score_mod needs its score_mod_grad"
+    num_q_heads, head_dim = q.shape[-2], q.shape[-1]
+    num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
+    if is_varlen:
+        assert cu_seqlens_k is not None and max_seqlen_q is not None and max_seqlen_k is not None
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    if causal:
+        window_right = 0
+    dkdv_tiles = dkdv_tiles or dkdv_config(arch, head_dim, head_dim_v)
+    dq_tiles = dq_tiles or dq_config(arch, head_dim, head_dim_v)
+    rows_per_program = ROWS_PER_PROGRAM.get(arch.name, DEFAULT_ROWS_PER_PROGRAM)
+    atomic_dq = dq_accum is not None
+    # lse and delta: [B, Hq, Sq] or packed [Hq, total_q], seqlen contiguous, same strides.
+    lse_strides = (dict(stride_lse_b=0, stride_lse_h=lse.stride(0)) if is_varlen
+                   else dict(stride_lse_b=lse.stride(0), stride_lse_h=lse.stride(1)))
+    head_dims = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, HEAD_DIM_PAD=padded_head_dim(head_dim),
+                     HEAD_DIM_V_PAD=padded_head_dim(head_dim_v))
+    dq_accum_strides = _strides("stride_dq_accum_", dq_accum, is_varlen)
+    row_grid = (triton.cdiv(seqlen_q, rows_per_program), num_q_heads, batch)
+
+    preprocess = KernelLaunch(
+        attention_bwd_preprocess_kernel, row_grid,
+        dict(out_ptr=out, do_ptr=dout, delta_ptr=delta, dq_accum_ptr=dq_accum,
+             cu_seqlens_q=cu_seqlens_q, **_strides("stride_o", out, is_varlen),
+             **_strides("stride_do", dout, is_varlen), **lse_strides, **dq_accum_strides,
+             seqlen_q=seqlen_q),
+        dict(head_dims, BLOCK_M=rows_per_program, IS_VARLEN=is_varlen, ZERO_DQ_ACCUM=atomic_dq),
+        num_warps=4, num_stages=1)
+    common = dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=dout, lse_ptr=lse, delta_ptr=delta,
+                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                  **_strides("stride_q", q, is_varlen), **_strides("stride_k", k, is_varlen),
+                  **_strides("stride_v", v, is_varlen), **_strides("stride_do", dout, is_varlen),
+                  **lse_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                  gqa_group_size=num_q_heads // num_kv_heads, softmax_scale=float(softmax_scale),
+                  window_left=window_left, window_right=window_right, mod_args=tuple(mod_args))
+    masks = dict(BOUNDED_LEFT=window_left >= 0, BOUNDED_RIGHT=window_right >= 0,
+                 SCORE_MOD=score_mod, SCORE_MOD_GRAD=score_mod_grad, MASK_MOD=mask_mod)
+    dkdv = KernelLaunch(
+        attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
+        dict(common, dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
+             **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen)),
+        dict(head_dims, BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n,
+             IS_VARLEN=is_varlen, ATOMIC_DQ=atomic_dq, **masks),
+        dkdv_tiles.num_warps, dkdv_tiles.num_stages)
+    if atomic_dq:
+        finish_dq = KernelLaunch(
+            attention_bwd_dq_convert_kernel, row_grid,
+            dict(dq_accum_ptr=dq_accum, dq_ptr=dq, cu_seqlens_q=cu_seqlens_q, **dq_accum_strides,
+                 **_strides("stride_dq", dq, is_varlen), seqlen_q=seqlen_q,
+                 softmax_scale=float(softmax_scale)),
+            dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_head_dim(head_dim),
+                 BLOCK_M=rows_per_program, IS_VARLEN=is_varlen),
+            num_warps=4, num_stages=1)
+    else:
+        finish_dq = KernelLaunch(
+            attention_bwd_dq_kernel, (triton.cdiv(seqlen_q, dq_tiles.block_m), num_q_heads, batch),
+            dict(common, dq_ptr=dq, **_strides("stride_dq", dq, is_varlen)),
+            dict(head_dims, BLOCK_M=dq_tiles.block_m, BLOCK_N=dq_tiles.block_n,
+                 IS_VARLEN=is_varlen, **masks),
+            dq_tiles.num_warps, dq_tiles.num_stages)
+    # A varlen batch whose sequences are all empty on one side has nothing to launch there.
+    return [launch for launch in (preprocess, dkdv, finish_dq) if all(launch.grid)]
+
+
+def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, softmax_scale: float,
+                       window_left: int, window_right: int, cu_seqlens_q=None, cu_seqlens_k=None,
+                       max_seqlen_q=None, max_seqlen_k=None, score_mod=None, score_mod_grad=None,
+                       mask_mod=None, mod_args=(), deterministic: bool = False, arch: Arch) -> None:
+    """Write dq, dk, dv (preallocated, any strides with a contiguous last dim, e.g. views into
+    one fused gradient buffer) for checked inputs. Allocates only its workspace (delta, and the
+    fp32 dQ buffer unless deterministic). Dense: q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
+    v [B, Sk, Hkv, Dv], out/dout [B, Sq, Hq, Dv], lse [B, Hq, Sq]; varlen (cu_seqlens_q/k int32
+    [B + 1] and max_seqlen_q/k given): q [total_q, Hq, D], k/v [total_k, Hkv, D | Dv],
+    lse [Hq, total_q]. lse float32, natural log, contiguous. window_left/right: -1 unbounded;
+    causal overrides window_right with 0."""
+    delta, dq_accum = backward_workspace(q, lse, deterministic)
+    for launch in backward_launches(
+            q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, causal=causal,
+            softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, score_mod=score_mod, score_mod_grad=score_mod_grad,
+            mask_mod=mask_mod, mod_args=mod_args, arch=arch):
+        launch.run()
