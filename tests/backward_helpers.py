@@ -73,23 +73,11 @@ def alibi_slopes(num_heads: int, batch: int | None, device) -> torch.Tensor:
 
 
 def hooks(case: BackwardCase, slopes: torch.Tensor | None) -> dict:
-    """score_mod, score_mod_grad and mod_args (mods.py's tuple layout) for the case."""
+    """score_mod, score_mod_grad and mod_args (mods.builtin's) for the case."""
     if not case.softcap and not case.alibi:
         return {}
-    if slopes is None:
-        slope_args = (None, 0, 0)
-    elif slopes.dim() == 1:
-        slope_args = (slopes, 0, slopes.stride(0))
-    else:
-        slope_args = (slopes, slopes.stride(0), slopes.stride(1))
-    if case.softcap and case.alibi:
-        score_mod, score_mod_grad = mods.softcap_alibi, mods.softcap_alibi_grad
-    elif case.softcap:
-        score_mod, score_mod_grad = mods.softcap, mods.softcap_grad
-    else:
-        score_mod, score_mod_grad = mods.alibi, mods.alibi_grad
-    return dict(score_mod=score_mod, score_mod_grad=score_mod_grad,
-                mod_args=(float(case.softcap), *slope_args))
+    score_mod, score_mod_grad, mod_args = mods.builtin(float(case.softcap), slopes)
+    return dict(score_mod=score_mod, score_mod_grad=score_mod_grad, mod_args=mod_args)
 
 
 def _reference_options(case: BackwardCase) -> dict:

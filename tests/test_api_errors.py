@@ -52,9 +52,10 @@ CASES = {
     "return_lse not bool": (lambda: inputs(), {"return_lse": 1}, TypeError, "return_lse must be a bool"),
     "zero kv heads": (lambda: inputs(num_kv_heads=0), {}, ValueError, "non-zero multiple"),
     "bad out_dtype": (lambda: inputs(), {"out_dtype": torch.int8}, TypeError, "out_dtype must be"),
-    # No backward pass: a differentiable input would get an output carrying no gradient.
-    "k requires grad": (lambda: (inputs()[0], inputs()[1].requires_grad_(), inputs()[2]), {},
-                        ValueError, "k requires grad, but tileattn.attention has no backward"),
+    # No backward pass for FP8 or for descales: such an input would get no gradient.
+    "fp8 k requires grad": (lambda: (fp8_inputs()[0], fp8_inputs()[1].float().requires_grad_().to(E4M3),
+                                     fp8_inputs()[2]), {},
+                            TypeError, "k requires grad, but tileattn.attention has no backward"),
     "descale requires grad": (fp8_inputs, {"v_descale": torch.ones((), requires_grad=True)},
                               ValueError, "v_descale requires grad"),
 }

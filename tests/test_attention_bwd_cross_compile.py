@@ -40,8 +40,8 @@ def launches(name, width, deterministic, varlen=False, hooked=False):
     hooks = {}
     if hooked:
         slopes = torch.empty(heads_q)
-        hooks = dict(score_mod=mods.softcap_alibi, score_mod_grad=mods.softcap_alibi_grad,
-                     mod_args=(30.0, slopes, 0, 1))
+        score_mod, score_mod_grad, mod_args = mods.builtin(30.0, slopes)
+        hooks = dict(score_mod=score_mod, score_mod_grad=score_mod_grad, mod_args=mod_args)
     delta, dq_accum = attention_bwd.backward_workspace(q, lse, deterministic)
     built = attention_bwd.backward_launches(
         q, k, v, out, lse, out, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),

@@ -17,7 +17,7 @@ SLOPES = torch.tensor([0.5, 0.25], device=DEVICE)
 def _attention_args(dtype, causal=False, window=(-1, -1), softcap=0.0, alibi=None):
     q, k, v, descales = make_inputs((1, 20, 33, 2, 1, 64, 64, False), dtype)
     return (q, k, v, causal, 0.125, *window, softcap, alibi, descales.get("q_descale"),
-            descales.get("k_descale"), descales.get("v_descale"), None)
+            descales.get("k_descale"), descales.get("v_descale"), None, False)
 
 
 @pytest.mark.parametrize("case", ["fp16", "bf16-causal", "fp8", "window-softcap-alibi"])
@@ -39,7 +39,7 @@ def test_attention_varlen_opcheck():
     cu_q = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0, 5, 12], dtype=torch.int32, device=DEVICE)
     args = (q, k, k, cu_q, cu_k, 5, 7, True, 0.125, -1, -1, 0.0, None, None, None, None, None,
-            None)
+            None, False)
     torch.library.opcheck(library.attention_varlen, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 

@@ -13,6 +13,7 @@ import torch
 from . import checks
 from .dispatch import use_kernels
 from .ops import attention as attention_op
+from .ops import backward as _autograd  # noqa: F401  (registers the ops' backward)
 from .ops import library
 from .ops import mla as mla_op
 from .ops.mla import PerformanceWarning
@@ -23,7 +24,7 @@ __all__ = ["PerformanceWarning", "attention", "attention_varlen", "mla_decode", 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
               alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None,
-              out_dtype=None, return_lse=False):
+              out_dtype=None, return_lse=False, deterministic=False):
     """Scaled dot-product attention forward, FlashAttention layout.
 
     q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] with Hq % Hkv == 0 (GQA/MQA),
@@ -40,13 +41,19 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
     and with return_lse=True also lse float32 [B, Hq, Sq] (natural log). Empty inputs follow
     PyTorch's SDPA: no queries give an empty output; no keys give zeros and lse -inf.
 
+    Differentiable for fp16/bf16 inputs (q, k, v; lse too): the backward recomputes P from the
+    saved out and lse (FlashAttention's memory). deterministic=True accumulates dq in a fixed
+    order (a separate pass) instead of by atomics. FP8 inputs are forward-only.
+
     Tensors must be on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1 set before import
     (the same Triton kernels run in Triton's interpreter).
     """
-    if _through_op("attention", q, k, v, q_descale, k_descale, v_descale, alibi_slopes):
+    if _through_op("attention", dict(q=q, k=k, v=v), dict(q_descale=q_descale,
+                   k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes)):
         out, lse = library.attention(
             q, k, v, causal, _scale(softmax_scale, q), *window_size, float(softcap),
-            alibi_slopes, q_descale, k_descale, v_descale, out_dtype)
+            alibi_slopes, q_descale, k_descale, v_descale, out_dtype,
+            checks.flag("deterministic", deterministic))
         return (out, lse) if return_lse else out
     return attention_op.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                 window_size=window_size, softcap=softcap,
@@ -58,7 +65,8 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
                      alibi_slopes=None, block_table=None, q_descale=None, k_descale=None,
-                     v_descale=None, out_dtype=None, return_lse=False, validate=None):
+                     v_descale=None, out_dtype=None, return_lse=False, validate=None,
+                     deterministic=False):
     """Attention over packed sequences of different lengths (FlashAttention's varlen layout),
     with K/V packed or in a paged cache.
 
@@ -70,17 +78,21 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     descales ([] or [B, heads]) as attention(), per sequence: one call mixes fresh prefill,
     chunked prefill over a cached prefix and decode (Sq = 1).
     Returns out [total_q, Hq, Dv] and, with return_lse, lse float32 [Hq, total_q].
+    Differentiable for fp16/bf16 with packed K/V (not with a block_table), as attention().
 
     validate: by default (None) the index tensors' values are checked on the host (one
     synchronisation) outside CUDA graph capture and raise ValueError when inconsistent;
     validate=False skips that on a hot path. Whatever validate says, the kernel never reads or
     writes outside its tensors, and page ids outside the cache give NaN rows.
     """
-    if _through_op("attention_varlen", q, k, v, q_descale, k_descale, v_descale, alibi_slopes):
+    paged = block_table is not None     # no gradient for a paged cache
+    if _through_op("attention_varlen", dict(q=q) if paged else dict(q=q, k=k, v=v), dict(
+            k=k if paged else None, v=v if paged else None, q_descale=q_descale,
+            k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes)):
         out, lse = library.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
             _scale(softmax_scale, q), *window_size, float(softcap), alibi_slopes, block_table,
-            q_descale, k_descale, v_descale, out_dtype)
+            q_descale, k_descale, v_descale, out_dtype, checks.flag("deterministic", deterministic))
         return (out, lse) if return_lse else out
     return attention_op.varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
@@ -126,7 +138,8 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
     outside kv_cache (an out-of-range page id is not followed) and rows whose page ids or plan
     are wrong come out NaN, which is all a captured graph can report.
     """
-    if plan is not None and _through_op("mla_decode", q, kv_cache, kv_descale):
+    if plan is not None and _through_op("mla_decode", {}, dict(q=q, kv_cache=kv_cache,
+                                                                kv_descale=kv_descale)):
         out, lse = library.mla_decode(
             q, kv_cache, page_table, seq_lens, float(softmax_scale), kv_descale, plan.work,
             plan.batch_slots, plan.partial_out, plan.partial_lse, mla_op.plan_fields(plan))
@@ -136,22 +149,26 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
                          validate=validate)
 
 
-def _through_op(function: str, *tensors) -> bool:
+def _through_op(function: str, differentiable: dict, constant: dict) -> bool:
     """Whether a call goes through its custom op (ops/library.py): while torch.compile traces,
     for tensors other than plain ones (meta, fake, functional), and where autograd records a
-    graph. Plain eager calls run the op's implementation directly."""
+    graph. Plain eager calls run the op's implementation directly. Tensors in `constant`
+    have no gradient: one that requires grad while autograd records is refused, as are
+    differentiable ones of a dtype without a backward pass (FP8)."""
     if torch.compiler.is_compiling():
         return True
     grad = torch.is_grad_enabled()
-    for t in tensors:
+    needs_grad = False
+    for name, t in (*differentiable.items(), *constant.items()):
         if not isinstance(t, torch.Tensor):
             continue        # the checks name it
         if type(t) is not torch.Tensor or t.device.type == "meta":
             return True
         if grad and t.requires_grad:
-            checks.differentiable(function, **{"input": t})
-            return True
-    return False
+            if name not in differentiable or t.dtype not in (torch.float16, torch.bfloat16):
+                checks.no_grad(function, **{name: t})
+            needs_grad = True
+    return needs_grad
 
 
 def _scale(softmax_scale, q) -> float:

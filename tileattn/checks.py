@@ -124,16 +124,11 @@ def no_grad(function: str, **tensors) -> None:
         return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
-            raise ValueError(f"{name} requires grad, but tileattn.{function} has no backward pass "
-                             f"for these inputs (its output would carry no gradient to {name}): "
-                             f"call it under torch.no_grad() or torch.inference_mode(), or pass "
-                             f"{name}.detach()")
-
-
-def differentiable(function: str, **tensors) -> None:
-    """Autograd is about to record through `function`: until its backward pass exists,
-    refuse (no_grad's message)."""
-    no_grad(function, **tensors)
+            error = TypeError if t.dtype in FP8_DTYPES else ValueError
+            raise error(f"{name} requires grad, but tileattn.{function} has no backward pass "
+                        f"for it ({t.dtype}; its output would carry no gradient to {name}): "
+                        f"call it under torch.no_grad() or torch.inference_mode(), or pass "
+                        f"{name}.detach()")
 
 
 def descale(name: str, value, batch: int, heads: int) -> None:

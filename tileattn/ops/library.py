@@ -2,16 +2,18 @@
 torch.export and autograd see instead of Triton launches.
 
     tileattn::attention(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
-                        alibi_slopes?, q_descale?, k_descale?, v_descale?, out_dtype?)
-                        -> (out, lse)
+                        alibi_slopes?, q_descale?, k_descale?, v_descale?, out_dtype?,
+                        deterministic) -> (out, lse)
     tileattn::attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, causal, softmax_scale, window_left, window_right,
                         softcap, alibi_slopes?, block_table?, q_descale?, k_descale?,
-                        v_descale?, out_dtype?) -> (out, lse)
+                        v_descale?, out_dtype?, deterministic) -> (out, lse)
     tileattn::mla_decode(q, kv_cache, page_table, seq_lens, softmax_scale, kv_descale?,
                         work, batch_slots, partial_out!, partial_lse!, plan_fields)
                         -> (out, lse)
-    tileattn::attention_backward(...) -> (dq, dk, dv)   (registered by ops/backward.py)
+    tileattn::attention_backward(...) -> (dq, dk, dv)   (ops/backward.py, which also
+                        registers it as the autograd of the two attention ops; deterministic
+                        only matters there)
 
 The public functions (api.py) call these ops when torch.compile traces them, when autograd
 needs a graph, or for meta/fake tensors; plain eager calls take the ops' implementations
@@ -35,7 +37,8 @@ from .. import checks
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
               window_left: int, window_right: int, softcap: float,
               alibi_slopes: Tensor | None, q_descale: Tensor | None, k_descale: Tensor | None,
-              v_descale: Tensor | None, out_dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+              v_descale: Tensor | None, out_dtype: torch.dtype | None,
+              deterministic: bool) -> tuple[Tensor, Tensor]:
     return attention_ops.forward(
         q, k, v, causal=causal, softmax_scale=softmax_scale,
         window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
@@ -45,7 +48,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: floa
 
 @attention.register_fake
 def _attention_fake(q, k, v, causal, softmax_scale, window_left, window_right, softcap,
-                    alibi_slopes, q_descale, k_descale, v_descale, out_dtype):
+                    alibi_slopes, q_descale, k_descale, v_descale, out_dtype, deterministic):
     checks.attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype,
                             device_check=False)
     batch, seqlen_q, num_q_heads, _ = q.shape
@@ -63,8 +66,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                      window_left: int, window_right: int, softcap: float,
                      alibi_slopes: Tensor | None, block_table: Tensor | None,
                      q_descale: Tensor | None, k_descale: Tensor | None,
-                     v_descale: Tensor | None, out_dtype: torch.dtype | None
-                     ) -> tuple[Tensor, Tensor]:
+                     v_descale: Tensor | None, out_dtype: torch.dtype | None,
+                     deterministic: bool) -> tuple[Tensor, Tensor]:
     return attention_ops.varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
         softmax_scale=softmax_scale, window_size=(window_left, window_right), softcap=softcap,
@@ -77,7 +80,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal, softmax_scale, window_left, window_right, softcap,
                            alibi_slopes, block_table, q_descale, k_descale, v_descale,
-                           out_dtype):
+                           out_dtype, deterministic):
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]),
                       dtype=out_dtype or attention_ops.default_out_dtype(q.dtype))
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)

@@ -93,17 +93,20 @@ def dq_config(arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
 
 @triton.jit
 def attention_bwd_preprocess_kernel(
-    out_ptr, do_ptr, delta_ptr, dq_accum_ptr, cu_seqlens_q,
+    out_ptr, do_ptr, dlse_ptr, delta_ptr, dq_accum_ptr, cu_seqlens_q,
     stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
     stride_lse_b, stride_lse_h, stride_dq_accum_b, stride_dq_accum_s, stride_dq_accum_h,
     seqlen_q,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr, ZERO_DQ_ACCUM: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
 ):
-    """delta[row] = Σ_d dO[row, d] · O[row, d] in fp32, per query row and head (delta laid out
-    as lse, with its strides); with ZERO_DQ_ACCUM also dq_accum's rows = 0. Grid (query blocks
-    of the longest sequence, num_q_heads, batch)."""
+    """delta[row] = Σ_d dO[row, d] · O[row, d] - dlse[row] in fp32, per query row and head
+    (delta and dlse laid out as lse, with its strides). dlse, the gradient reaching lse, joins
+    here because d lse_i / d s_ij = P_ij: dS = P ∘ (dP - delta) then carries it. With
+    ZERO_DQ_ACCUM also dq_accum's rows = 0. Grid (query blocks of the longest sequence,
+    num_q_heads, batch)."""
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
     batch = tl.program_id(2)
@@ -119,8 +122,10 @@ def attention_bwd_preprocess_kernel(
     do = tl.load(do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
                  + rows * stride_dos + offs_dv[None, :], mask=mask, other=0.0)
     delta = tl.sum(out.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(delta_ptr + batch.to(tl.int64) * stride_lse_b + head.to(tl.int64) * stride_lse_h
-             + q_start + offs_m, delta, mask=offs_m < seqlen_q)
+    lse_at = batch.to(tl.int64) * stride_lse_b + head.to(tl.int64) * stride_lse_h + q_start + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(dlse_ptr + lse_at, mask=offs_m < seqlen_q, other=0.0)
+    tl.store(delta_ptr + lse_at, delta, mask=offs_m < seqlen_q)
     if ZERO_DQ_ACCUM:
         offs_d = tl.arange(0, HEAD_DIM_PAD)
         dq_ptrs = (dq_accum_ptr + batch.to(tl.int64) * stride_dq_accum_b
@@ -177,6 +182,7 @@ def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
 
 
 def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, causal: bool,
+                      dlse=None,
                       softmax_scale: float, window_left: int, window_right: int,
                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                       score_mod=None, score_mod_grad=None, mask_mod=None, mod_args=(),
@@ -184,12 +190,15 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                       dq_tiles: TileConfig | None = None) -> list[KernelLaunch]:
     """The launches of one backward, in order, for checked inputs and a workspace from
     backward_workspace (dq_accum None: the deterministic dQ kernel). dkdv_tiles / dq_tiles
-    override the config tables' rows (tests, tuning)."""
+    override the config tables' rows (tests, tuning). dlse: the gradient of lse (lse's shape
+    and layout, float32), or None."""
     is_varlen = cu_seqlens_q is not None
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
     assert all(x.stride(-1) == 1 for x in (q, k, v, out, dout, dq, dk, dv)), "contiguous last dims"
     assert lse.dtype == torch.float32 and lse.is_contiguous(), "lse: contiguous float32"
     assert delta.shape == lse.shape and delta.is_contiguous()
+    assert dlse is None or (dlse.shape == lse.shape and dlse.stride() == lse.stride()
+                            and dlse.dtype == torch.float32), "dlse: lse's float32 layout"
     assert score_mod_grad is not None or score_mod is None, "a score_mod needs its score_mod_grad"
     num_q_heads, head_dim = q.shape[-2], q.shape[-1]
     num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
@@ -214,11 +223,12 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
 
     preprocess = KernelLaunch(
         attention_bwd_preprocess_kernel, row_grid,
-        dict(out_ptr=out, do_ptr=dout, delta_ptr=delta, dq_accum_ptr=dq_accum,
+        dict(out_ptr=out, do_ptr=dout, dlse_ptr=dlse, delta_ptr=delta, dq_accum_ptr=dq_accum,
              cu_seqlens_q=cu_seqlens_q, **_strides("stride_o", out, is_varlen),
              **_strides("stride_do", dout, is_varlen), **lse_strides, **dq_accum_strides,
              seqlen_q=seqlen_q),
-        dict(head_dims, BLOCK_M=rows_per_program, IS_VARLEN=is_varlen, ZERO_DQ_ACCUM=atomic_dq),
+        dict(head_dims, BLOCK_M=rows_per_program, IS_VARLEN=is_varlen, ZERO_DQ_ACCUM=atomic_dq,
+             HAS_DLSE=dlse is not None),
         num_warps=4, num_stages=1)
     common = dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=dout, lse_ptr=lse, delta_ptr=delta,
                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -257,6 +267,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
 
 
 def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, softmax_scale: float,
+                       dlse=None,
                        window_left: int, window_right: int, cu_seqlens_q=None, cu_seqlens_k=None,
                        max_seqlen_q=None, max_seqlen_k=None, score_mod=None, score_mod_grad=None,
                        mask_mod=None, mod_args=(), deterministic: bool = False, arch: Arch) -> None:
@@ -269,7 +280,7 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
     causal overrides window_right with 0."""
     delta, dq_accum = backward_workspace(q, lse, deterministic)
     for launch in backward_launches(
-            q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, causal=causal,
+            q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, causal=causal, dlse=dlse,
             softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, score_mod=score_mod, score_mod_grad=score_mod_grad,

@@ -1,0 +1,106 @@
+"""Autograd for the attention ops: the tileattn::attention_backward custom op (the backward
+kernels of kernels/attention/bwd.py) and its registration as the backward of
+tileattn::attention and tileattn::attention_varlen.
+
+FlashAttention's memory rule: the forward saves q, k, v, out and lse only (out and lse are the
+forward's own outputs), and the backward recomputes P block by block. Its extra memory is
+delta (4 bytes per query row and head) and, unless deterministic, an fp32 copy of dq's shape
+that the dK/dV kernel accumulates into with atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..arch import arch_of
+from ..kernels import mods
+from ..kernels.attention import bwd
+from ..kernels.runtime import on_device
+from . import library
+
+
+@torch.library.custom_op("tileattn::attention_backward", mutates_args=())
+def attention_backward(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       lse: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                       max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                       softmax_scale: float, window_left: int, window_right: int,
+                       softcap: float, alibi_slopes: Tensor | None, deterministic: bool
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    score_mod, score_mod_grad, mod_args = mods.builtin(softcap, alibi_slopes)
+    varlen = {}
+    if cu_seqlens_q is not None:
+        varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max(max_seqlen_k, 1))
+    with on_device(q.device):
+        bwd.attention_backward(
+            q, k, v, out, lse.contiguous(), dout.contiguous(), dq, dk, dv, causal=causal,
+            softmax_scale=softmax_scale, dlse=dlse.contiguous(), window_left=window_left,
+            window_right=0 if causal else window_right, score_mod=score_mod,
+            score_mod_grad=score_mod_grad, mod_args=mod_args, deterministic=deterministic,
+            arch=arch_of(q.device), **varlen)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
+                             window_right, softcap, alibi_slopes, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# ---- registration -------------------------------------------------------------------------
+
+
+def _save_dense(ctx, inputs, output):
+    (q, k, v, causal, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+     _q_descale, _k_descale, _v_descale, _out_dtype, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    ctx.options = (causal, softmax_scale, window_left, window_right, softcap, deterministic)
+    ctx.out_dtype_differs = out.dtype != q.dtype
+
+
+def _dense_backward(ctx, dout, dlse):
+    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+    causal, softmax_scale, window_left, window_right, softcap, deterministic = ctx.options
+    if ctx.out_dtype_differs:   # out_dtype=float32 etc.: the kernels read out in q's dtype
+        out = out.to(q.dtype)
+    dq, dk, dv = attention_backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse, None,
+                                    None, 0, 0, causal, softmax_scale, window_left,
+                                    window_right, softcap, alibi_slopes, deterministic)
+    return (dq, dk, dv) + (None,) * 11
+
+
+def _save_varlen(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+     window_left, window_right, softcap, alibi_slopes, _block_table, _q_descale, _k_descale,
+     _v_descale, _out_dtype, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.options = (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right,
+                   softcap, deterministic)
+    ctx.out_dtype_differs = out.dtype != q.dtype
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap,
+     deterministic) = ctx.options
+    if ctx.out_dtype_differs:
+        out = out.to(q.dtype)
+    dq, dk, dv = attention_backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse,
+                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal, softmax_scale, window_left, window_right, softcap,
+                                    alibi_slopes, deterministic)
+    return (dq, dk, dv) + (None,) * 16
+
+
+torch.library.register_autograd("tileattn::attention", _dense_backward,
+                                setup_context=_save_dense)
+torch.library.register_autograd("tileattn::attention_varlen", _varlen_backward,
+                                setup_context=_save_varlen)
+__all__ = ["attention_backward", "library"]
