@@ -22,11 +22,15 @@ def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
 
 
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None,
-                        q_descale=None, k_descale=None, v_descale=None):
+                        q_descale=None, k_descale=None, v_descale=None, window_size=(-1, -1),
+                        softcap=0.0, alibi_slopes=None):
     """Exact attention in fp64. Returns (out [B, Sq, Hq, Dv], lse [B, Hq, Sq]), both fp64.
 
     Causal masking is bottom-right aligned: query i sees keys j <= i + Sk - Sq. Rows that see
-    no key output 0 with lse = -inf.
+    no key output 0 with lse = -inf. FlashAttention's conventions for the rest: window_size
+    (left, right) keeps keys i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: unbounded);
+    softcap > 0 maps scores s -> softcap * tanh(s / softcap); then alibi_slopes ([Hq] or
+    [B, Hq]) subtract slope * |i + Sk - Sq - j|.
     """
     q, k, v = _descaled(q, q_descale), _descaled(k, k_descale), _descaled(v, v_descale)
     seqlen_q, num_q_heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
@@ -42,10 +46,23 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None,
     for start in range(0, seqlen_q, chunk):
         rows = torch.arange(start, min(start + chunk, seqlen_q), device=q.device)
         scores = torch.einsum("bqhd,bkhd->bhqk", q[:, rows], k) * softmax_scale
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        cols = torch.arange(seqlen_k, device=q.device)
+        distance = rows[:, None] + (seqlen_k - seqlen_q) - cols[None, :]   # [q, k]
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(device=q.device, dtype=torch.float64)
+            slopes = slopes[None, :] if slopes.dim() == 1 else slopes        # [B or 1, Hq]
+            scores = scores - slopes[:, :, None, None] * distance.abs()
+        left, right = window_size
+        hidden = torch.zeros_like(distance, dtype=torch.bool)
         if causal:
-            cols = torch.arange(seqlen_k, device=q.device)
-            hidden = cols[None, :] > rows[:, None] + (seqlen_k - seqlen_q)
-            scores = scores.masked_fill(hidden, float("-inf"))
+            hidden |= distance < 0
+        if right >= 0:
+            hidden |= distance < -right
+        if left >= 0:
+            hidden |= distance > left
+        scores = scores.masked_fill(hidden, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
         outs.append(torch.einsum("bhqk,bkhd->bqhd", probs, v))
@@ -78,4 +95,43 @@ def mla_decode_reference(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv
         scores = scores.masked_fill(hidden[:, None, :], float("-inf"))
         lse[b] = torch.logsumexp(scores, dim=-1)
         out[b] = torch.einsum("shk,kd->shd", torch.exp(scores - lse[b][..., None]), kv[:, :head_dim_v])
+    return out, lse
+
+
+def paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens_k, cu_seqlens_q, *,
+                              q_descale=None, k_descale=None, v_descale=None, **options):
+    """attention_reference per sequence of a paged batch (FlashAttention's varlen layout).
+
+    q [total_q, Hq, D] with sequence b's queries at rows cu_seqlens_q[b] ..< cu_seqlens_q[b+1];
+    k_cache / v_cache [num_pages, page_size, Hkv, D / Dv], sequence b's keys the first
+    seq_lens_k[b] rows of its block_table row's pages, in order; descales [] or [B, heads].
+    options go to attention_reference (causal, softmax_scale, window_size, softcap,
+    alibi_slopes, where [B, Hq] slopes are taken per sequence). Returns (out [total_q, Hq, Dv],
+    lse [Hq, total_q]), both fp64.
+    """
+    total_q, num_q_heads, _ = q.shape
+    page_size = k_cache.shape[1]
+    out = torch.zeros(total_q, num_q_heads, v_cache.shape[3], dtype=torch.float64, device=q.device)
+    lse = torch.empty(num_q_heads, total_q, dtype=torch.float64, device=q.device)
+
+    def of_sequence(x, b):
+        return x if x is None or x.dim() < 2 else x[b:b + 1]
+
+    for b, seq_len in enumerate(seq_lens_k.tolist()):
+        start, end = (int(x) for x in cu_seqlens_q[b:b + 2])
+        if end == start:
+            continue
+        keys = torch.arange(seq_len, device=q.device)
+        pages = block_table[b].long()[keys // page_size]
+        k = k_cache[pages, keys % page_size][None]
+        v = v_cache[pages, keys % page_size][None]
+        sequence_options = dict(options)
+        if options.get("alibi_slopes") is not None:
+            sequence_options["alibi_slopes"] = of_sequence(options["alibi_slopes"], b)
+        seq_out, seq_lse = attention_reference(
+            q[None, start:end], k, v, q_descale=of_sequence(q_descale, b),
+            k_descale=of_sequence(k_descale, b), v_descale=of_sequence(v_descale, b),
+            **sequence_options)
+        out[start:end] = seq_out[0]
+        lse[:, start:end] = seq_lse[0]
     return out, lse

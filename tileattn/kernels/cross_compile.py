@@ -79,6 +79,8 @@ class KernelLaunch:
                 key.append(value)
             elif isinstance(value, torch.Tensor):
                 key.append((value.dtype, value.data_ptr() % 16 == 0))
+            elif kind is tuple:   # mods' mod_args: specialized element by element
+                key.append(_tuple_key(value))
             elif isinstance(value, int):
                 key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
             elif hasattr(value, "block_shape") and hasattr(value, "layout"):
@@ -102,6 +104,21 @@ class KernelLaunch:
         if compiled is None:
             return None
         return BoundLaunch(compiled, (*self.grid, 1, 1)[:3], ordered, self.kernel.arg_names)
+
+
+def _tuple_key(values: tuple) -> tuple:
+    """A tuple argument's part of the specialization key, as Triton specializes its elements."""
+    key = []
+    for value in values:
+        if type(value) is tuple:
+            key.append(_tuple_key(value))
+        elif isinstance(value, torch.Tensor):
+            key.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif type(value) is int:
+            key.append((value == 1, value % 16 == 0, -2**31 <= value < 2**31))
+        else:
+            key.append(value if value is None or type(value) is bool else type(value))
+    return tuple(key)
 
 
 class BoundLaunch:
@@ -194,6 +211,17 @@ def cross_compile(launch: KernelLaunch, capability: int) -> CompiledKernel:
                     attrs[(index,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             signature[name] = "fp32"
+        elif isinstance(value, tuple):
+            # Tuple arguments (mods' mod_args): Triton's own specializer types each element.
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.nvidia.compiler import CUDABackend
+            kinds, hints = native_specialize_impl(CUDABackend, value, False, True, True)
+            signature[name] = kinds
+            for element, (kind, hint) in enumerate(zip(kinds, hints)):
+                if kind == "constexpr":
+                    constants[(index, element)] = value[element]
+                elif hint == "D":
+                    attrs[(index, element)] = [["tt.divisibility", 16]]
         else:
             raise TypeError(f"cannot cross-compile argument {name}={value!r}")
     source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constants, attrs=attrs)
