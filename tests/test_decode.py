@@ -253,12 +253,15 @@ def test_sm80_decodes_fp8_bytes_by_hand():
 
 def split_plan(seq_lens, *, num_sms=1000, programs_per_sm=1, min_chunk=16, block_n=16,
                q_len=1, num_kv_heads=2, window_left=-1):
-    config = decode_kernels.DecodeConfig(block_n, 4, 1, programs_per_sm, min_chunk)
+    # 16-bit K and V tiles of block_n x 64 columns each: programs_per_sm of them in flight.
+    tile_kb = block_n * 128 * 2 / 1024
+    config = decode_kernels.DecodeConfig(block_n, 4, 1, min_chunk,
+                                         inflight_kb_per_sm=int(programs_per_sm * tile_kb))
     return split_kv.make_decode_plan(
         seq_lens, num_q_heads=4 * num_kv_heads, num_kv_heads=num_kv_heads, q_len=q_len, page_size=16,
         head_dim=64, head_dim_v=64, kv_dtype=torch.float16, window_left=window_left,
         config=config, block_n=block_n, page_aligned=True, rows_per_program=16,
-        num_sms=num_sms, device="cpu")
+        arch=arch_for_capability((9, 0)), num_sms=num_sms, device="cpu")
 
 
 PLAN_CASES = [[1], [0, 1, 37, 100], [8192], [8192] + [100] * 31, [1024] * 512,
@@ -285,6 +288,17 @@ def test_plan_covers_every_planned_key_once_in_whole_tiles(seq_lens, num_sms, wi
     slots = plan.batch_slots.tolist()
     assert [b - a for a, b in zip(slots, slots[1:])] == [n if n > 1 else 0 for n in items]
     assert sorted(s for *_, s in plan.work.tolist() if s >= 0) == list(range(plan.num_slots))
+
+
+def test_programs_per_sm_follow_the_bytes_in_flight():
+    config = decode_kernels.DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=64)
+    sm90, sm89 = arch_for_capability((9, 0)), arch_for_capability((8, 9))
+    per_sm = decode_kernels.programs_per_sm
+    assert per_sm(config, sm90, 16, 64, 128, 128, 2) == 2      # 32 KB tiles
+    assert per_sm(config, sm90, 16, 16, 128, 128, 2) == 8      # 8 KB tiles
+    assert per_sm(config, sm90, 16, 16, 128, 128, 1) == 12     # 48 warps bound it
+    assert per_sm(config, sm89, 16, 16, 128, 128, 1) == 8      # 99 KB of shared memory does
+    assert per_sm(config, sm90, 16, 64, 256, 256, 2) == 1
 
 
 def test_split_only_where_the_batch_leaves_sms_idle():

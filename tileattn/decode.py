@@ -83,7 +83,7 @@ def _check_lengths(lengths: list[int], name: str) -> None:
 
 def decode_plan(seq_lens_k=None, *, cu_seqlens_k=None, num_q_heads: int, num_kv_heads: int,
                 q_len: int = 1, page_size: int, head_dim: int, head_dim_v: int | None = None,
-                kv_dtype: torch.dtype, device=None, window_size=(-1, -1)):
+                kv_dtype: torch.dtype, device=None, window_size=(-1, -1), config=None):
     """The split-KV plan for one decode step: work items, workspace, and what it was made for.
 
     seq_lens_k: keys per sequence (int32 [batch] tensor or list of ints), or cu_seqlens_k
@@ -94,6 +94,8 @@ def decode_plan(seq_lens_k=None, *, cu_seqlens_k=None, num_q_heads: int, num_kv_
     or a smaller left window; one without serves every run.
 
     Splits a sequence's keys over several work items only where the batch leaves SMs idle.
+    config (a kernels.decode.DecodeConfig) replaces the chip's table row: for tuning runs
+    (benchmarks/decode.py --sweep) and tests.
     """
     lengths, tensor, cumulative = _lengths(seq_lens_k, cu_seqlens_k)
     name = "cu_seqlens_k" if cumulative else "seq_lens_k"
@@ -120,14 +122,14 @@ def decode_plan(seq_lens_k=None, *, cu_seqlens_k=None, num_q_heads: int, num_kv_
                         f"got {kv_dtype}")
     window_left, _ = _check_window(window_size)
     arch = arch_of(device)
-    config = decode_kernels.config_for(arch, head_dim, head_dim_v)
+    config = config or decode_kernels.config_for(arch, head_dim, head_dim_v)
     block_n, page_aligned = decode_kernels.key_tile(config, page_size)
     group = num_q_heads // num_kv_heads
     return split_kv.make_decode_plan(
         lengths, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, q_len=q_len,
         page_size=page_size, head_dim=head_dim, head_dim_v=head_dim_v, kv_dtype=kv_dtype,
         window_left=window_left, config=config, block_n=block_n, page_aligned=page_aligned,
-        rows_per_program=decode_kernels.rows_per_program(config, q_len * group),
+        rows_per_program=decode_kernels.rows_per_program(config, q_len * group), arch=arch,
         num_sms=num_sms(device), device=device)
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .arch import Arch
+from .kernels import decode as decode_kernels
 from .kernels.decode import ERROR_KV_LENS, ERROR_PAGE_ID, ERROR_Q_LENS, DecodeConfig
 
 # The combine merges at most this many slots of a sequence in one pass (COMBINE_MAX_SLOTS_PER_STEP).
@@ -160,13 +162,16 @@ def split_work(ranges: list[tuple[int, int]], chunk_size: int, block_n: int
 def make_decode_plan(kv_lens: list[int], *, num_q_heads: int, num_kv_heads: int, q_len: int,
                      page_size: int, head_dim: int, head_dim_v: int, kv_dtype: torch.dtype,
                      window_left: int, config: DecodeConfig, block_n: int, page_aligned: bool,
-                     rows_per_program: int, num_sms: int, device) -> DecodePlan:
+                     rows_per_program: int, arch: Arch, num_sms: int, device) -> DecodePlan:
     """The plan for checked arguments (tileattn.decode_plan checks them and picks the config)."""
     ranges = planned_key_ranges(kv_lens, q_len, window_left, block_n)
     row_blocks = -(-q_len * (num_q_heads // num_kv_heads) // rows_per_program)
     chunk = split_chunk_size([end - start for start, end in ranges],
                              programs_per_item=num_kv_heads * row_blocks,
-                             num_programs=num_sms * config.programs_per_sm, block_n=block_n,
+                             num_programs=num_sms * decode_kernels.programs_per_sm(
+                                 config, arch, rows_per_program, block_n, head_dim,
+                                 head_dim_v, kv_dtype.itemsize),
+                             block_n=block_n,
                              min_chunk=config.min_chunk)
     work, batch_slots = split_work(ranges, chunk, block_n)
     batch = len(kv_lens)

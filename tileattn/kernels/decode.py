@@ -70,8 +70,10 @@ class DecodeConfig:
     block_n: int            # keys per tile (at most; a page-aligned tile shrinks to the page)
     num_warps: int
     num_stages: int
-    programs_per_sm: int    # split-KV adds work items until the chip holds this many per SM
     min_chunk: int          # fewest keys per split-KV work item
+    # Split-KV adds work items until the programs an SM holds have about this many KB of K/V
+    # tile loads in flight (see programs_per_sm).
+    inflight_kb_per_sm: int = 64
     max_block_m: int = 64   # rows per program; more rows (q_len x group) take more programs
     # Pages that are a multiple of 16 keys but smaller than block_n: False shrinks the key tile
     # to the page (one page-id load per tile); True keeps block_n and gathers each key row's
@@ -79,31 +81,33 @@ class DecodeConfig:
     gather_small_pages: bool = False
 
 
-# (arch, head dim padded to a power of two) -> config. Shared memory per stage is one K and
-# one V tile: BLOCK_N x (D + Dv) x 2 bytes for a 16-bit cache. Every row must fit its chip
-# with a 16-bit and an FP8 cache (tests/test_decode_cross_compile.py compiles them). First
-# guesses, not measured yet: two programs per SM so that a batch of 66 sequences x 8 kv heads
-# already fills an H100 without splitting; 3 stages of 32 KB keep ~200 KB of loads in flight
-# per SM (HBM needs ~25 KB per SM at 3 TB/s and ~1 us latency).
+# (arch, head dim padded to a power of two) -> config. Every row must fit its chip with a
+# 16-bit and an FP8 cache (tests/test_decode_cross_compile.py compiles them). First guesses,
+# not measured yet. Triton's pipeliner gives the K and V tiles one buffer here (their address
+# waits on the page-id load of the same iteration), so a program has one K and one V tile in
+# flight and bandwidth comes from several programs per SM: 64 KB in flight per SM is ~2.5x
+# what HBM needs at 3 TB/s and ~1 us latency (23 KB/us per SM on 132 SMs).
 CONFIGS: dict[tuple[str, int], DecodeConfig] = {
-    ("sm90", 64): DecodeConfig(64, 4, 4, 2, 256),
-    ("sm90", 128): DecodeConfig(64, 4, 3, 2, 256),
-    ("sm90", 256): DecodeConfig(32, 4, 3, 2, 256),
-    ("sm80", 64): DecodeConfig(64, 4, 4, 2, 256),
-    ("sm80", 128): DecodeConfig(64, 4, 3, 2, 256),
-    ("sm80", 256): DecodeConfig(32, 4, 3, 2, 256),
+    ("sm90", 64): DecodeConfig(64, 4, 3, 256),
+    ("sm90", 128): DecodeConfig(64, 4, 3, 256),
+    ("sm90", 256): DecodeConfig(32, 4, 3, 256),
+    ("sm80", 64): DecodeConfig(64, 4, 3, 256),
+    ("sm80", 128): DecodeConfig(64, 4, 3, 256),
+    ("sm80", 256): DecodeConfig(32, 4, 3, 256),
     # sm86 / sm89 / sm120: 99 KB of shared memory.
-    ("sm89", 64): DecodeConfig(64, 4, 3, 2, 256),
-    ("sm89", 128): DecodeConfig(64, 4, 2, 2, 256),
-    ("sm89", 256): DecodeConfig(32, 4, 2, 2, 256),
+    ("sm89", 64): DecodeConfig(64, 4, 2, 256, inflight_kb_per_sm=48),
+    ("sm89", 128): DecodeConfig(64, 4, 2, 256, inflight_kb_per_sm=48),
+    ("sm89", 256): DecodeConfig(32, 4, 2, 256, inflight_kb_per_sm=48),
     # The interpreter: small tiles and chunks so that short test sequences span several tiles,
     # work items and row blocks.
-    ("cpu", 64): DecodeConfig(16, 4, 1, 1, 16, max_block_m=16),
-    ("cpu", 128): DecodeConfig(16, 4, 1, 1, 16, max_block_m=16),
-    ("cpu", 256): DecodeConfig(16, 4, 1, 1, 16, max_block_m=16),
+    ("cpu", 64): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
+    ("cpu", 128): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
+    ("cpu", 256): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
 }
 _SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
                     "rocm": "sm80"}
+# Warps an SM runs at once on the chips with the fewest (sm86/sm89: 48; sm80/sm90: 64).
+MAX_WARPS_PER_SM = 48
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -125,6 +129,27 @@ def key_tile(config: DecodeConfig, page_size: int) -> tuple[int, bool]:
     if tile >= 16 and (tile == config.block_n or not config.gather_small_pages):
         return tile, True
     return config.block_n, False
+
+
+def shared_bytes_estimate(block_m: int, block_n: int, head_dim: int, head_dim_v: int,
+                          kv_itemsize: int) -> int:
+    """Shared memory of one program, from its buffers: one K and one V tile, the q tile, P
+    for P @ V and the tile's page ids (within 1% of the compiled size for mma.sync builds;
+    wgmma builds (block_m 64 on sm90) take ~25% more, which programs_per_sm allows for)."""
+    return (block_n * (padded_head_dim(head_dim) + padded_head_dim(head_dim_v)) * kv_itemsize
+            + block_m * padded_head_dim(head_dim) * 2 + block_m * block_n * 2 + block_n * 4)
+
+
+def programs_per_sm(config: DecodeConfig, arch: Arch, block_m: int, block_n: int,
+                    head_dim: int, head_dim_v: int, kv_itemsize: int) -> int:
+    """Programs per SM that the split-KV plan aims at: enough that their K/V tiles in flight
+    (one of each per program) reach config.inflight_kb_per_sm, no more than an SM holds
+    (warps, and shared memory with a quarter to spare; 1 KB of each block is reserved)."""
+    tile_bytes = block_n * (head_dim + head_dim_v) * kv_itemsize
+    wanted = -(-config.inflight_kb_per_sm * 1024 // tile_bytes)
+    shared = shared_bytes_estimate(block_m, block_n, head_dim, head_dim_v, kv_itemsize)
+    fit = (arch.shared_memory_bytes + 1024) // (shared * 5 // 4 + 1024)
+    return max(1, min(wanted, MAX_WARPS_PER_SM // config.num_warps, fit))
 
 
 def rows_per_program(config: DecodeConfig, num_rows: int) -> int:
@@ -236,7 +261,9 @@ def _attend_key_blocks(
                 visible = visible & MASK_MOD(batch, head[:, None], token[:, None], keys[None, :],
                                              q_shift, mod_args)
             scores = tl.where(visible, scores, float("-inf"))
-        p, alpha, l_i, m_i = online_softmax_probs(scores, m_i, l_i, 1.0, MASKED)
+        # A score hook may return -inf (flex masks by score): its rows need the safe softmax.
+        p, alpha, l_i, m_i = online_softmax_probs(scores, m_i, l_i, 1.0,
+                                                  MASKED or SCORE_MOD is not None)
         if MASKED or HEAD_DIM_V != HEAD_DIM_V_PAD:
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)
         else:
@@ -312,6 +339,9 @@ def decode_partial_kernel(
     # Clamped so that even inconsistent offsets never address outside q and out.
     q_len = tl.minimum(tl.maximum(given_q_len, 0), tl.minimum(max_q_len, total_q))
     q_start = tl.minimum(tl.maximum(given_q_start, 0), total_q - q_len)
+
+    if q_len == 0:   # no query to answer: no key to read
+        kv_end = kv_start
 
     offs_m = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     token = offs_m // GROUP_SIZE
