@@ -291,7 +291,7 @@ def test_plan_covers_every_planned_key_once_in_whole_tiles(seq_lens, num_sms, wi
 
 
 def test_programs_per_sm_follow_the_bytes_in_flight():
-    config = decode_kernels.DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=64)
+    config = decode_kernels.DecodeConfig(64, 4, 2, 256, inflight_kb_per_sm=64)   # 1 buffer
     sm90, sm89 = arch_for_capability((9, 0)), arch_for_capability((8, 9))
     per_sm = decode_kernels.programs_per_sm
     assert per_sm(config, sm90, 16, 64, 128, 128, 2) == 2      # 32 KB tiles
@@ -299,6 +299,8 @@ def test_programs_per_sm_follow_the_bytes_in_flight():
     assert per_sm(config, sm90, 16, 16, 128, 128, 1) == 12     # 48 warps bound it
     assert per_sm(config, sm89, 16, 16, 128, 128, 1) == 8      # 99 KB of shared memory does
     assert per_sm(config, sm90, 16, 64, 256, 256, 2) == 1
+    two_buffers = decode_kernels.DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=64)
+    assert per_sm(two_buffers, sm90, 16, 16, 128, 128, 2) == 4
 
 
 def test_split_only_where_the_batch_leaves_sms_idle():

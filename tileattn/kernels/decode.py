@@ -83,21 +83,21 @@ class DecodeConfig:
 
 # (arch, head dim padded to a power of two) -> config. Every row must fit its chip with a
 # 16-bit and an FP8 cache (tests/test_decode_cross_compile.py compiles them). First guesses,
-# not measured yet. Triton's pipeliner gives the K and V tiles one buffer here (their address
-# waits on the page-id load of the same iteration), so a program has one K and one V tile in
-# flight and bandwidth comes from several programs per SM: 64 KB in flight per SM is ~2.5x
-# what HBM needs at 3 TB/s and ~1 us latency (23 KB/us per SM on 132 SMs).
+# not measured yet: 3 stages give each program two K/V tile buffers (one loading while the
+# other is used). Split-KV aims at inflight_kb_per_sm of loads in flight per SM: HBM needs
+# bandwidth x latency / SMs, ~25-50 KB on an H100 (3.35 TB/s, 1-2 us loaded, 132 SMs), ~20-30
+# KB on an A100 (2 TB/s, 108 SMs), less on sm89's GDDR; the rows ask for 2-4x that.
 CONFIGS: dict[tuple[str, int], DecodeConfig] = {
-    ("sm90", 64): DecodeConfig(64, 4, 3, 256),
-    ("sm90", 128): DecodeConfig(64, 4, 3, 256),
-    ("sm90", 256): DecodeConfig(32, 4, 3, 256),
-    ("sm80", 64): DecodeConfig(64, 4, 3, 256),
-    ("sm80", 128): DecodeConfig(64, 4, 3, 256),
-    ("sm80", 256): DecodeConfig(32, 4, 3, 256),
+    ("sm90", 64): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=128),
+    ("sm90", 128): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=128),
+    ("sm90", 256): DecodeConfig(32, 4, 3, 256, inflight_kb_per_sm=128),
+    ("sm80", 64): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=96),
+    ("sm80", 128): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=96),
+    ("sm80", 256): DecodeConfig(32, 4, 3, 256, inflight_kb_per_sm=96),
     # sm86 / sm89 / sm120: 99 KB of shared memory.
-    ("sm89", 64): DecodeConfig(64, 4, 2, 256, inflight_kb_per_sm=48),
-    ("sm89", 128): DecodeConfig(64, 4, 2, 256, inflight_kb_per_sm=48),
-    ("sm89", 256): DecodeConfig(32, 4, 2, 256, inflight_kb_per_sm=48),
+    ("sm89", 64): DecodeConfig(64, 4, 3, 256),
+    ("sm89", 128): DecodeConfig(64, 4, 3, 256),
+    ("sm89", 256): DecodeConfig(32, 4, 3, 256),
     # The interpreter: small tiles and chunks so that short test sequences span several tiles,
     # work items and row blocks.
     ("cpu", 64): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
@@ -131,23 +131,29 @@ def key_tile(config: DecodeConfig, page_size: int) -> tuple[int, bool]:
     return config.block_n, False
 
 
-def shared_bytes_estimate(block_m: int, block_n: int, head_dim: int, head_dim_v: int,
-                          kv_itemsize: int) -> int:
-    """Shared memory of one program, from its buffers: one K and one V tile, the q tile, P
-    for P @ V and the tile's page ids (within 1% of the compiled size for mma.sync builds;
-    wgmma builds (block_m 64 on sm90) take ~25% more, which programs_per_sm allows for)."""
-    return (block_n * (padded_head_dim(head_dim) + padded_head_dim(head_dim_v)) * kv_itemsize
-            + block_m * padded_head_dim(head_dim) * 2 + block_m * block_n * 2 + block_n * 4)
+def kv_buffers(config: DecodeConfig) -> int:
+    """K/V tile buffers a program holds: Triton's pipeliner gives num_stages - 1."""
+    return max(1, config.num_stages - 1)
+
+
+def shared_bytes_estimate(config: DecodeConfig, block_m: int, block_n: int, head_dim: int,
+                          head_dim_v: int, kv_itemsize: int) -> int:
+    """Shared memory of one program, from its buffers: K and V tiles, the q tile and P for
+    P @ V (within 1% of the compiled size for mma.sync builds; wgmma builds, block_m 64 on
+    sm90, take up to ~25% more, which programs_per_sm allows for)."""
+    tiles = block_n * (padded_head_dim(head_dim) + padded_head_dim(head_dim_v)) * kv_itemsize
+    return (kv_buffers(config) * tiles + block_m * padded_head_dim(head_dim) * 2
+            + block_m * block_n * 2)
 
 
 def programs_per_sm(config: DecodeConfig, arch: Arch, block_m: int, block_n: int,
                     head_dim: int, head_dim_v: int, kv_itemsize: int) -> int:
     """Programs per SM that the split-KV plan aims at: enough that their K/V tiles in flight
-    (one of each per program) reach config.inflight_kb_per_sm, no more than an SM holds
-    (warps, and shared memory with a quarter to spare; 1 KB of each block is reserved)."""
-    tile_bytes = block_n * (head_dim + head_dim_v) * kv_itemsize
-    wanted = -(-config.inflight_kb_per_sm * 1024 // tile_bytes)
-    shared = shared_bytes_estimate(block_m, block_n, head_dim, head_dim_v, kv_itemsize)
+    reach config.inflight_kb_per_sm, no more than an SM holds (warps, and shared memory with
+    a quarter to spare; 1 KB of each block is reserved)."""
+    inflight = kv_buffers(config) * block_n * (head_dim + head_dim_v) * kv_itemsize
+    wanted = -(-config.inflight_kb_per_sm * 1024 // inflight)
+    shared = shared_bytes_estimate(config, block_m, block_n, head_dim, head_dim_v, kv_itemsize)
     fit = (arch.shared_memory_bytes + 1024) // (shared * 5 // 4 + 1024)
     return max(1, min(wanted, MAX_WARPS_PER_SM // config.num_warps, fit))
 
@@ -186,24 +192,19 @@ def _widen_to(x, dtype: tl.constexpr, MODE: tl.constexpr):
 
 
 @triton.jit
-def _key_rows(block_table_row, keys, start_n, kv_end, num_pages,
-              PAGE_SIZE: tl.constexpr, PAGE_ALIGNED: tl.constexpr, MASKED: tl.constexpr):
-    """(page, row within the page) of each key of the tile, the page ids clamped into the
-    cache, and 1 if some page id was outside it (0 otherwise)."""
+def _tile_pages(block_table_row, start_n, block_end, kv_end, offs_n,
+                PAGE_SIZE: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
+    """The page ids of the key tile at start_n: one (PAGE_ALIGNED, the tile lies in one page)
+    or one per key row. Nothing is read for a tile at or past block_end, nor for keys past
+    kv_end, whose block-table entries may be garbage: they come back as page 0."""
     if PAGE_ALIGNED:
-        # One page holds the whole tile: a scalar load (start_n < kv_end: its page is used).
-        page = tl.load(block_table_row + start_n // PAGE_SIZE)
-        row = start_n % PAGE_SIZE + (keys - start_n)
-        fault = ((page < 0) | (page >= num_pages)).to(tl.int32)
+        pages = tl.load(block_table_row + start_n // PAGE_SIZE, mask=start_n < block_end,
+                        other=0)
     else:
-        if MASKED:
-            page = tl.load(block_table_row + keys // PAGE_SIZE, mask=keys < kv_end, other=0)
-        else:
-            page = tl.load(block_table_row + keys // PAGE_SIZE)
-        row = keys % PAGE_SIZE
-        fault = tl.max(((page < 0) | (page >= num_pages)).to(tl.int32), 0)
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-    return page.to(tl.int64), row.to(tl.int64), fault
+        keys = start_n + offs_n
+        pages = tl.load(block_table_row + keys // PAGE_SIZE,
+                        mask=(keys < kv_end) & (start_n < block_end), other=0)
+    return pages
 
 
 @triton.jit
@@ -224,11 +225,24 @@ def _attend_key_blocks(
     into scores (softmax scale and descales; times log2(e) unless SCORE_MOD needs natural
     units first). position [BLOCK_M] is each row's bottom-right aligned query position."""
     offs_n = tl.arange(0, BLOCK_N)
+    # Page ids are loaded one tile ahead: the K/V addresses of a tile then depend on a value
+    # of the previous iteration, not on a load of their own, and Triton's pipeliner gives
+    # K and V num_stages - 1 buffers (with the page-id load in the same iteration it gave
+    # them one, so a program never loaded and computed at once).
+    next_pages = _tile_pages(block_table_row, block_start, block_end, kv_end, offs_n,
+                             PAGE_SIZE, PAGE_ALIGNED)
     for start_n in tl.range(block_start, block_end, BLOCK_N):
         keys = start_n + offs_n
-        page, row, page_fault = _key_rows(block_table_row, keys, start_n, kv_end, num_pages,
-                                          PAGE_SIZE, PAGE_ALIGNED, MASKED)
-        fault = fault | page_fault
+        page = next_pages
+        next_pages = _tile_pages(block_table_row, start_n + BLOCK_N, block_end, kv_end, offs_n,
+                                 PAGE_SIZE, PAGE_ALIGNED)
+        # Ids outside the cache are clamped into it (never dereferenced) and reported.
+        fault = fault | ((page < 0) | (page >= num_pages)).to(tl.int32)   # reduced after the loops
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        if PAGE_ALIGNED:
+            row = (start_n % PAGE_SIZE + offs_n).to(tl.int64)
+        else:
+            row = (keys % PAGE_SIZE).to(tl.int64)
         k_ptrs = (k_head_ptr + (page * stride_k_page + row * stride_k_row)[:, None]
                   + offs_d[None, :])
         v_ptrs = (v_head_ptr + (page * stride_v_page + row * stride_v_row)[:, None]
@@ -391,7 +405,7 @@ def decode_partial_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], tl.float32)
-    fault = tl.zeros([], tl.int32)
+    fault = tl.zeros([BLOCK_N], tl.int32)
     FULL_MASKED: tl.constexpr = MASK_MOD is not None   # a mask hook may hide any key
     if LOCAL_LEFT:
         acc, l_i, m_i, fault = _attend_key_blocks(
@@ -414,7 +428,7 @@ def decode_partial_kernel(
         position, full_end, kv_end, kv_end, batch, q_shift, window_left, window_right,
         num_pages, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
         PAGE_SIZE, PAGE_ALIGNED, True, LOCAL_LEFT, LOCAL_RIGHT, KV_WIDEN, SCORE_MOD, MASK_MOD)
-    error = error | tl.where(fault != 0, 4, 0)                                  # ERROR_PAGE_ID
+    error = error | tl.where(tl.max(fault, 0) != 0, 4, 0)                       # ERROR_PAGE_ID
 
     # A row that sees no key of this item outputs 0 with LSE -inf (the combine weighs it 0).
     # Any error outputs NaN instead: a plan used with other inputs must not look right.
