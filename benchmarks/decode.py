@@ -161,11 +161,9 @@ def flashinfer_rows(base, q, k, v, block_table, seq_lens, cu_seqlens_q, descales
 SWEEP_SHAPES = ((128, 4096, 1, "bf16"), (128, 4096, 1, "fp8e4m3"), (32, 4096, 1, "bf16"),
                 (1, 16384, 1, "bf16"), (512, 1024, 4, "bf16"))
 SWEEP_VARIANTS = (
-    ("table", {}), ("gather64", {"gather_small_pages": True, "block_n": 64}),
-    ("gather32", {"gather_small_pages": True, "block_n": 32}),
-    ("gather128", {"gather_small_pages": True, "block_n": 128}),
-    ("gather64-s2", {"gather_small_pages": True, "block_n": 64, "num_stages": 2}),
-    ("gather64-s4", {"gather_small_pages": True, "block_n": 64, "num_stages": 4}),
+    ("table", {}), ("page-tiles", {"gather_small_pages": False}),
+    ("page-tiles-s4", {"gather_small_pages": False, "num_stages": 4}),
+    ("N32", {"block_n": 32}), ("N128", {"block_n": 128}),
     ("s2", {"num_stages": 2}), ("s4", {"num_stages": 4}), ("w2", {"num_warps": 2}),
     ("w8", {"num_warps": 8}),
     ("inflight64", {"inflight_kb_per_sm": 64}), ("inflight256", {"inflight_kb_per_sm": 256}),

@@ -155,6 +155,22 @@ def test_matches_reference(case):
 
 
 @needs_kernels
+@pytest.mark.parametrize("page_size", [8, 16])
+def test_tiles_spanning_several_pages(page_size):
+    """The GPU rows' choice for small pages: 32-key tiles whose rows each find their page."""
+    inputs = make_paged_inputs([45, 100, 2], [2, 1, 2], page_size=page_size)
+    q, k, v, _, seq_lens_k, _, _ = inputs
+    config = decode_kernels.DecodeConfig(32, 4, 1, 32, inflight_kb_per_sm=1,
+                                         gather_small_pages=True)
+    plan = tileattn.decode_plan(seq_lens_k, num_q_heads=4, num_kv_heads=2, q_len=2,
+                                page_size=page_size, head_dim=64, kv_dtype=k.dtype,
+                                config=config)
+    assert (plan.block_n, plan.page_aligned) == (32, False) and plan.num_slots > 0
+    (out, lse), _ = run(inputs, plan=plan, causal=True)
+    assert_matches_reference(out, lse, inputs, causal=True)
+
+
+@needs_kernels
 @pytest.mark.parametrize("q_dtype,kv_dtype,descales", [
     (torch.bfloat16, torch.bfloat16, None), (torch.bfloat16, E4M3, "head"),
     (torch.float16, E5M2, "tensor"), (E4M3, E4M3, "head"), (E5M2, E4M3, "tensor")],
@@ -258,7 +274,8 @@ def split_plan(seq_lens, *, num_sms=1000, programs_per_sm=1, min_chunk=16, block
     config = decode_kernels.DecodeConfig(block_n, 4, 1, min_chunk,
                                          inflight_kb_per_sm=int(programs_per_sm * tile_kb))
     return split_kv.make_decode_plan(
-        seq_lens, num_q_heads=4 * num_kv_heads, num_kv_heads=num_kv_heads, q_len=q_len, page_size=16,
+        seq_lens, num_q_heads=4 * num_kv_heads, num_kv_heads=num_kv_heads, q_len=q_len,
+        page_size=16,
         head_dim=64, head_dim_v=64, kv_dtype=torch.float16, window_left=window_left,
         config=config, block_n=block_n, page_aligned=True, rows_per_program=16,
         arch=arch_for_capability((9, 0)), num_sms=num_sms, device="cpu")
@@ -284,7 +301,7 @@ def test_plan_covers_every_planned_key_once_in_whole_tiles(seq_lens, num_sms, wi
         items[batch] += 1
     for (start, _), counts in zip(ranges, covered):
         assert bool((counts[start:] == 1).all()) and bool((counts[:start] == 0).all())
-    assert all(1 <= n <= split_kv.MAX_ITEMS_PER_SEQ for n in items), "one item per sequence at least"
+    assert all(1 <= n <= split_kv.MAX_ITEMS_PER_SEQ for n in items), "at least one a sequence"
     slots = plan.batch_slots.tolist()
     assert [b - a for a, b in zip(slots, slots[1:])] == [n if n > 1 else 0 for n in items]
     assert sorted(s for *_, s in plan.work.tolist() if s >= 0) == list(range(plan.num_slots))
@@ -293,7 +310,7 @@ def test_plan_covers_every_planned_key_once_in_whole_tiles(seq_lens, num_sms, wi
 def test_programs_per_sm_follow_the_bytes_in_flight():
     config = decode_kernels.DecodeConfig(64, 4, 2, 256, inflight_kb_per_sm=64)   # 1 buffer
     sm90, sm89 = arch_for_capability((9, 0)), arch_for_capability((8, 9))
-    per_sm = decode_kernels.programs_per_sm
+    per_sm = split_kv.programs_per_sm
     assert per_sm(config, sm90, 16, 64, 128, 128, 2) == 2      # 32 KB tiles
     assert per_sm(config, sm90, 16, 16, 128, 128, 2) == 8      # 8 KB tiles
     assert per_sm(config, sm90, 16, 16, 128, 128, 1) == 12     # 48 warps bound it
@@ -440,7 +457,8 @@ ERROR_CASES = {
                              "must be a multiple of the cache's heads"),
     "head dim differs": (lambda: good(q=good()["q"][..., :32]), ValueError,
                          "q and k_cache must have the same head_dim"),
-    "head dim unsupported": (lambda: good(q=good()["q"][..., :48], k_cache=good()["k_cache"][..., :48]),
+    "head dim unsupported": (lambda: good(q=good()["q"][..., :48],
+                                          k_cache=good()["k_cache"][..., :48]),
                              ValueError, "q/k head_dim must be one of"),
     "v pages differ": (lambda: good(v_cache=good()["v_cache"][:-1]), ValueError,
                        "v_cache must have k_cache's pages"),
@@ -467,14 +485,16 @@ ERROR_CASES = {
                             "q_descale applies only to an FP8 q"),
     "k descale with fp16": (lambda: good(k_descale=torch.tensor(1.0)), ValueError,
                             "k_descale/v_descale apply only to an FP8 cache"),
-    "descale shape": (lambda: good(k_cache=good()["k_cache"].to(E4M3), v_cache=good()["v_cache"].to(E4M3),
+    "descale shape": (lambda: good(k_cache=good()["k_cache"].to(E4M3),
+                                   v_cache=good()["v_cache"].to(E4M3),
                                    k_descale=torch.ones(2, 4)), ValueError,
                       r"k_descale must have shape \[\] \(per tensor\) or \[2, 2\]"),
     "causal not bool": (lambda: good(causal=1), TypeError, "causal must be a bool"),
     "softmax_scale nan": (lambda: good(softmax_scale=float("nan")), ValueError,
                           "softmax_scale must be a positive finite"),
     "window not a pair": (lambda: good(window_size=5), ValueError, "window_size must be a pair"),
-    "window below -1": (lambda: good(window_size=(-2, 0)), ValueError, "window_size must be a pair"),
+    "window below -1": (lambda: good(window_size=(-2, 0)), ValueError,
+                        "window_size must be a pair"),
     "score_mod python": (lambda: good(score_mod=lambda s: s), TypeError,
                          "score_mod must be a @triton.jit function"),
     "mod_args list": (lambda: good(mod_args=[1.0]), TypeError, "mod_args must be a tuple"),
@@ -483,7 +503,8 @@ ERROR_CASES = {
     "out_dtype int": (lambda: good(out_dtype=torch.int32), TypeError, "out_dtype must be"),
     "q requires grad": (lambda: good(q=good()["q"].requires_grad_()), ValueError,
                         "q requires grad, but tileattn.paged_decode has no backward"),
-    "plan not a plan": (lambda: good(plan={}), TypeError, "plan must come from tileattn.decode_plan"),
+    "plan not a plan": (lambda: good(plan={}), TypeError,
+                        "plan must come from tileattn.decode_plan"),
     "plan for other heads": (lambda: good(plan=plan_for([3, 20], num_q_heads=8)), ValueError,
                              "plan was made for .* = \\(2, 8, 2,"),
     "plan for other batch": (lambda: good(plan=plan_for([3])), ValueError, "plan was made for"),

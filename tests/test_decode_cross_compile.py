@@ -44,7 +44,8 @@ def compile_case(name, width, kv_dtype, page_size, q_dtype=torch.bfloat16, q_len
     descales = dict(k_descale=torch.ones(batch, heads_kv), v_descale=torch.ones(())) if fp8 else {}
     if q_dtype.itemsize == 1:
         descales["q_descale"] = torch.ones(batch, heads_q)
-    extra = dict(score_mod=softcap_only, mask_mod=keep_last_keys, mod_args=(30.0, 100)) if hooks else {}
+    extra = (dict(score_mod=softcap_only, mask_mod=keep_last_keys, mod_args=(30.0, 100))
+             if hooks else {})
     launches = decode.decode_launches(q, k, v, block_table, lens, False, None, out, lse, plan,
         softmax_scale=0.1, window_left=window_left, window_right=0, arch=arch, **descales, **extra)
     result = []
@@ -54,8 +55,9 @@ def compile_case(name, width, kv_dtype, page_size, q_dtype=torch.bfloat16, q_len
         result.append({"arch": name, "width": width, "kv": str(kv_dtype), "q": str(q_dtype),
                        "page": page_size, "block_m": launch.constexprs.get("BLOCK_M"),
                        "block_n": launch.constexprs.get("BLOCK_N"),
+                       "config_block_n": config.block_n,
                        "aligned": launch.constexprs.get("PAGE_ALIGNED"), "hooks": hooks,
-                       "programs_per_sm": decode.programs_per_sm(
+                       "programs_per_sm": split_kv.programs_per_sm(
                            config, arch, rows, block_n, width, width, kv_dtype.itemsize),
 
                        "kernel": launch.kernel.fn.__name__ if hasattr(launch.kernel, "fn")
@@ -102,7 +104,7 @@ def test_every_config_fits_its_chip(compiled):
 
 
 def test_the_programs_a_plan_aims_at_fit_an_sm(compiled):
-    """Split-KV sizes its work for programs_per_sm programs on each SM (kernels/decode.py):
+    """Split-KV sizes its work for programs_per_sm programs on each SM (split_kv.py):
     that many must fit the SM's shared memory (1 KB of each block is reserved), or the plan
     counts on bandwidth that never arrives."""
     sm_bytes = {"sm80": 164 * 1024, "sm89": 100 * 1024, "sm90": 228 * 1024}
@@ -116,15 +118,15 @@ def test_no_register_spills(compiled):
 
 
 def test_page_tiles_as_planned(compiled):
-    """A page of 64 keys holds whole tiles; 16-key pages shrink the tile to the page; single-key
-    pages gather each key's page at the full tile width."""
+    """A page-aligned tile lies inside one page; pages of 64 keys hold whole tiles; smaller
+    or single-key pages gather each key's page at the config's full tile width."""
     for row in partial_rows(compiled):
-        if row["page"] == 1:
-            assert not row["aligned"] and row["block_n"] >= 16, row
-        elif row["page"] == 16:
-            assert row["aligned"] and row["block_n"] == 16, row
+        if row["aligned"]:
+            assert row["page"] % row["block_n"] == 0, row
         else:
-            assert row["aligned"] and row["block_n"] in (32, 64), row
+            assert row["block_n"] == row["config_block_n"] > row["page"], row
+        if row["page"] == 64:
+            assert row["aligned"], row
 
 
 def test_k_and_v_tiles_load_while_the_previous_ones_are_used(compiled):

@@ -65,7 +65,8 @@ def _lengths(seq_lens_k, cu_seqlens_k) -> tuple[list[int] | None, object, bool]:
 
 def _differences(cumulative: list[int], name: str) -> list[int]:
     if len(cumulative) < 2 or cumulative[0] != 0:
-        raise ValueError(f"{name} must start at 0 and have batch + 1 entries, got {cumulative[:4]}...")
+        raise ValueError(f"{name} must start at 0 and have batch + 1 entries, "
+                         f"got {cumulative[:4]}...")
     return [b - a for a, b in zip(cumulative, cumulative[1:])]
 
 
@@ -200,10 +201,12 @@ def _check_decode_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, causal,
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
                                           and not isinstance(softmax_scale, bool)
                                           and math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a positive finite float or None, got {softmax_scale!r}")
+        raise ValueError(f"softmax_scale must be a positive finite float or None, "
+                         f"got {softmax_scale!r}")
     for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
         if fn is not None and not _is_jit_function(fn):
-            raise TypeError(f"{name} must be a @triton.jit function or None, got {type(fn).__name__}")
+            raise TypeError(f"{name} must be a @triton.jit function or None, "
+                            f"got {type(fn).__name__}")
     if not isinstance(mod_args, tuple):
         raise TypeError(f"mod_args must be a tuple, got {type(mod_args).__name__}")
     if out_dtype is not None and out_dtype not in OUTPUT_DTYPES:
@@ -238,13 +241,15 @@ def _check_plan(plan, q, k_cache, v_cache, block_table, cu_seqlens_q, kv_lens, c
              k_cache.dtype)
     if made_for != given:
         raise ValueError("plan was made for (batch, num_q_heads, num_kv_heads, page_size, "
-                         f"head_dim, head_dim_v, kv_dtype) = {made_for}, but the inputs have {given}")
+                         f"head_dim, head_dim_v, kv_dtype) = {made_for}, but the inputs "
+                         f"have {given}")
     if plan.device != q.device:
         raise ValueError(f"plan is on {plan.device} but q is on {q.device}")
     want_entries = plan.batch + 1 if cumulative else plan.batch
     if kv_lens.shape[0] != want_entries:
         raise ValueError(f"{'cu_seqlens_k' if cumulative else 'seq_lens_k'} must have "
-                         f"{want_entries} entries for a batch of {plan.batch}, got {kv_lens.shape[0]}")
+                         f"{want_entries} entries for a batch of {plan.batch}, "
+                         f"got {kv_lens.shape[0]}")
     if cu_seqlens_q is None and total_q != plan.batch * plan.q_len:
         raise ValueError(f"without cu_seqlens_q, q must hold batch x q_len = {plan.batch} x "
                          f"{plan.q_len} rows (the plan's), got {total_q}")

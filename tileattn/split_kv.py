@@ -1,4 +1,4 @@
-"""Split-KV plans for paged GQA decode, in plain Python/torch so they can be unit-tested on the CPU.
+"""Split-KV plans for paged GQA decode, in plain Python/torch (unit-tested on the CPU).
 
 A decode step runs one program per (work item, kv head, row block): a work item is a chunk of
 one sequence's keys. Where the batch alone gives every SM its programs, each sequence is one
@@ -23,9 +23,10 @@ import torch
 from .arch import Arch
 from .kernels import decode as decode_kernels
 from .kernels.decode import ERROR_KV_LENS, ERROR_PAGE_ID, ERROR_Q_LENS, DecodeConfig
+from .kernels.mla_decode_combine import COMBINE_MAX_SLOTS_PER_STEP
 
-# The combine merges at most this many slots of a sequence in one pass (COMBINE_MAX_SLOTS_PER_STEP).
-MAX_ITEMS_PER_SEQ = 64
+# The combine merges at most this many slots of a sequence in one pass.
+MAX_ITEMS_PER_SEQ = COMBINE_MAX_SLOTS_PER_STEP
 
 
 @dataclass
@@ -60,7 +61,7 @@ class DecodePlan:
                                   # is a sequence's only item, written straight to the output
     batch_slots: torch.Tensor     # int32 [batch + 1]: sequence b owns slots [batch_slots[b], [b+1])
     kv_lens: torch.Tensor         # int32 [batch]: the key counts the plan was made for
-    cu_seqlens_q_uniform: torch.Tensor  # int32 [batch + 1]: b * q_len, for runs without cu_seqlens_q
+    cu_seqlens_q_uniform: torch.Tensor  # int32 [batch + 1]: b * q_len (runs without cu_seqlens_q)
     error_flags: torch.Tensor     # int32 [1]: OR of kernels.decode.ERROR_* bits, set by runs
     partial_out: torch.Tensor     # float32 [max(num_slots, 1), q_len * num_q_heads, head_dim_v]
     partial_lse: torch.Tensor     # float32 [max(num_slots, 1), q_len * num_q_heads]
@@ -159,6 +160,41 @@ def split_work(ranges: list[tuple[int, int]], chunk_size: int, block_n: int
     return work, batch_slots
 
 
+# ---- how many programs an SM should hold --------------------------------------------------
+
+# Warps an SM runs at once on the chips with the fewest (sm86/sm89: 48; sm80/sm90: 64).
+MAX_WARPS_PER_SM = 48
+
+
+def kv_buffers(config: DecodeConfig) -> int:
+    """K/V tile buffers a program holds: Triton's pipeliner gives num_stages - 1."""
+    return max(1, config.num_stages - 1)
+
+
+def shared_bytes_estimate(config: DecodeConfig, block_m: int, block_n: int, head_dim: int,
+                          head_dim_v: int, kv_itemsize: int) -> int:
+    """Shared memory of one decode program, from its buffers: K and V tiles, the q tile and
+    P for P @ V (within 1% of the compiled size of mma.sync builds; wgmma builds, block_m 64
+    on sm90, take up to ~25% more, which programs_per_sm allows for)."""
+    width, width_v = (decode_kernels.padded_head_dim(d) for d in (head_dim, head_dim_v))
+    return (kv_buffers(config) * block_n * (width + width_v) * kv_itemsize
+            + block_m * width * 2 + block_m * block_n * 2)
+
+
+def programs_per_sm(config: DecodeConfig, arch: Arch, block_m: int, block_n: int,
+                    head_dim: int, head_dim_v: int, kv_itemsize: int) -> int:
+    """Programs per SM that the plan aims at: enough that their K/V tiles in flight reach
+    config.inflight_kb_per_sm, no more than an SM holds (warps, and shared memory with a
+    quarter to spare; 1 KB of each block is reserved)."""
+    inflight = kv_buffers(config) * block_n * (head_dim + head_dim_v) * kv_itemsize
+    wanted = -(-config.inflight_kb_per_sm * 1024 // inflight)
+    shared = shared_bytes_estimate(config, block_m, block_n, head_dim, head_dim_v, kv_itemsize)
+    fit = (arch.shared_memory_bytes + 1024) // (shared * 5 // 4 + 1024)
+    return max(1, min(wanted, MAX_WARPS_PER_SM // config.num_warps, fit))
+
+
+# ---- the plan -------------------------------------------------------------------------------
+
 def make_decode_plan(kv_lens: list[int], *, num_q_heads: int, num_kv_heads: int, q_len: int,
                      page_size: int, head_dim: int, head_dim_v: int, kv_dtype: torch.dtype,
                      window_left: int, config: DecodeConfig, block_n: int, page_aligned: bool,
@@ -168,7 +204,7 @@ def make_decode_plan(kv_lens: list[int], *, num_q_heads: int, num_kv_heads: int,
     row_blocks = -(-q_len * (num_q_heads // num_kv_heads) // rows_per_program)
     chunk = split_chunk_size([end - start for start, end in ranges],
                              programs_per_item=num_kv_heads * row_blocks,
-                             num_programs=num_sms * decode_kernels.programs_per_sm(
+                             num_programs=num_sms * programs_per_sm(
                                  config, arch, rows_per_program, block_n, head_dim,
                                  head_dim_v, kv_dtype.itemsize),
                              block_n=block_n,

@@ -56,7 +56,8 @@ from .mla_decode import _widen, kv_widen_mode
 from .mla_decode_combine import split_kv_combine_launch
 from .softmax import online_softmax_probs
 
-LOG2_E = 1.4426950408889634
+LOG2_E = tl.constexpr(1.4426950408889634)   # softmax runs in base 2
+LN_2 = tl.constexpr(0.6931471805599453)     # and LSEs are natural logs
 
 # Bits of a plan's error_flags (DecodePlan.check_errors names them).
 ERROR_KV_LENS = 1        # a sequence's key count differs from the plan's
@@ -77,7 +78,11 @@ class DecodeConfig:
     max_block_m: int = 64   # rows per program; more rows (q_len x group) take more programs
     # Pages that are a multiple of 16 keys but smaller than block_n: False shrinks the key tile
     # to the page (one page-id load per tile); True keeps block_n and gathers each key row's
-    # page (fewer, larger tiles). Not yet measured: benchmarks/decode.py --sweep compares them.
+    # page. True on the GPU rows, not measured yet (benchmarks/decode.py --sweep compares
+    # them, variant "page-tiles"): a 16-key tile of an FP8 cache moves 4 KB per loop
+    # iteration, and the iteration's fixed work (barrier, waits, row max/sum, rescale, V's
+    # byte-wise shared loads) would then cost about as many issue slots as an H100 SM has for
+    # its 23 KB/us share of HBM; 64-key tiles spread it over 4x the bytes.
     gather_small_pages: bool = False
 
 
@@ -88,26 +93,24 @@ class DecodeConfig:
 # bandwidth x latency / SMs, ~25-50 KB on an H100 (3.35 TB/s, 1-2 us loaded, 132 SMs), ~20-30
 # KB on an A100 (2 TB/s, 108 SMs), less on sm89's GDDR; the rows ask for 2-4x that.
 CONFIGS: dict[tuple[str, int], DecodeConfig] = {
-    ("sm90", 64): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=128),
-    ("sm90", 128): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=128),
-    ("sm90", 256): DecodeConfig(32, 4, 3, 256, inflight_kb_per_sm=128),
-    ("sm80", 64): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=96),
-    ("sm80", 128): DecodeConfig(64, 4, 3, 256, inflight_kb_per_sm=96),
-    ("sm80", 256): DecodeConfig(32, 4, 3, 256, inflight_kb_per_sm=96),
+    ("sm90", 64): DecodeConfig(64, 4, 3, 256, 128, gather_small_pages=True),
+    ("sm90", 128): DecodeConfig(64, 4, 3, 256, 128, gather_small_pages=True),
+    ("sm90", 256): DecodeConfig(32, 4, 3, 256, 128, gather_small_pages=True),
+    ("sm80", 64): DecodeConfig(64, 4, 3, 256, 96, gather_small_pages=True),
+    ("sm80", 128): DecodeConfig(64, 4, 3, 256, 96, gather_small_pages=True),
+    ("sm80", 256): DecodeConfig(32, 4, 3, 256, 96, gather_small_pages=True),
     # sm86 / sm89 / sm120: 99 KB of shared memory.
-    ("sm89", 64): DecodeConfig(64, 4, 3, 256),
-    ("sm89", 128): DecodeConfig(64, 4, 3, 256),
-    ("sm89", 256): DecodeConfig(32, 4, 3, 256),
+    ("sm89", 64): DecodeConfig(64, 4, 3, 256, 64, gather_small_pages=True),
+    ("sm89", 128): DecodeConfig(64, 4, 3, 256, 64, gather_small_pages=True),
+    ("sm89", 256): DecodeConfig(32, 4, 3, 256, 64, max_block_m=32, gather_small_pages=True),
     # The interpreter: small tiles and chunks so that short test sequences span several tiles,
     # work items and row blocks.
-    ("cpu", 64): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
-    ("cpu", 128): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
-    ("cpu", 256): DecodeConfig(16, 4, 1, 16, inflight_kb_per_sm=1, max_block_m=16),
+    ("cpu", 64): DecodeConfig(16, 4, 1, 16, 1, max_block_m=16),
+    ("cpu", 128): DecodeConfig(16, 4, 1, 16, 1, max_block_m=16),
+    ("cpu", 256): DecodeConfig(16, 4, 1, 16, 1, max_block_m=16),
 }
 _SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
                     "rocm": "sm80"}
-# Warps an SM runs at once on the chips with the fewest (sm86/sm89: 48; sm80/sm90: 64).
-MAX_WARPS_PER_SM = 48
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -129,33 +132,6 @@ def key_tile(config: DecodeConfig, page_size: int) -> tuple[int, bool]:
     if tile >= 16 and (tile == config.block_n or not config.gather_small_pages):
         return tile, True
     return config.block_n, False
-
-
-def kv_buffers(config: DecodeConfig) -> int:
-    """K/V tile buffers a program holds: Triton's pipeliner gives num_stages - 1."""
-    return max(1, config.num_stages - 1)
-
-
-def shared_bytes_estimate(config: DecodeConfig, block_m: int, block_n: int, head_dim: int,
-                          head_dim_v: int, kv_itemsize: int) -> int:
-    """Shared memory of one program, from its buffers: K and V tiles, the q tile and P for
-    P @ V (within 1% of the compiled size for mma.sync builds; wgmma builds, block_m 64 on
-    sm90, take up to ~25% more, which programs_per_sm allows for)."""
-    tiles = block_n * (padded_head_dim(head_dim) + padded_head_dim(head_dim_v)) * kv_itemsize
-    return (kv_buffers(config) * tiles + block_m * padded_head_dim(head_dim) * 2
-            + block_m * block_n * 2)
-
-
-def programs_per_sm(config: DecodeConfig, arch: Arch, block_m: int, block_n: int,
-                    head_dim: int, head_dim_v: int, kv_itemsize: int) -> int:
-    """Programs per SM that the split-KV plan aims at: enough that their K/V tiles in flight
-    reach config.inflight_kb_per_sm, no more than an SM holds (warps, and shared memory with
-    a quarter to spare; 1 KB of each block is reserved)."""
-    inflight = kv_buffers(config) * block_n * (head_dim + head_dim_v) * kv_itemsize
-    wanted = -(-config.inflight_kb_per_sm * 1024 // inflight)
-    shared = shared_bytes_estimate(config, block_m, block_n, head_dim, head_dim_v, kv_itemsize)
-    fit = (arch.shared_memory_bytes + 1024) // (shared * 5 // 4 + 1024)
-    return max(1, min(wanted, MAX_WARPS_PER_SM // config.num_warps, fit))
 
 
 def rows_per_program(config: DecodeConfig, num_rows: int) -> int:
@@ -264,7 +240,7 @@ def _attend_key_blocks(
         scores = qk * row_scale[:, None]
         if SCORE_MOD is not None:
             scores = SCORE_MOD(scores, batch, head[:, None], token[:, None], keys[None, :],
-                               q_shift, mod_args) * 1.4426950408889634
+                               q_shift, mod_args) * LOG2_E
         if MASKED:
             visible = (keys < kv_end)[None, :]
             if LOCAL_RIGHT:
@@ -382,7 +358,7 @@ def decode_partial_kernel(
         v_scale = tl.load(v_descale_ptr + batch * stride_v_descale_b
                           + kv_head * stride_v_descale_h)
     if SCORE_MOD is None:
-        row_scale *= 1.4426950408889634
+        row_scale *= LOG2_E
 
     # Query `token` sits at key position token + q_shift (bottom-right aligned). Keys in
     # [full_start, full_end) are visible to every row of the tile: no masks there. The causal
@@ -433,7 +409,7 @@ def decode_partial_kernel(
     # A row that sees no key of this item outputs 0 with LSE -inf (the combine weighs it 0).
     # Any error outputs NaN instead: a plan used with other inputs must not look right.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN_2)
     out = acc * (v_scale / l_safe)[:, None]
     if error != 0:
         out = tl.full([BLOCK_M, HEAD_DIM_V_PAD], float("nan"), tl.float32)
@@ -445,7 +421,8 @@ def decode_partial_kernel(
                                   HEAD_DIM_V, HEAD_DIM_V_PAD)
     store_mask = row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
     if slot < 0:
-        out_rows = (q_start + token).to(tl.int64) * stride_o_token + head.to(tl.int64) * stride_o_head
+        out_rows = ((q_start + token).to(tl.int64) * stride_o_token
+                    + head.to(tl.int64) * stride_o_head)
         tl.store(out_ptr + out_rows[:, None] + offs_dv[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=store_mask)
         if lse_ptr is not None:
