@@ -518,6 +518,12 @@ ERROR_CASES = {
     "too many queries for the plan": (lambda: good(
         q=torch.randn(3, 4, 64).half(), cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32),
         plan=plan_for([3, 20])), ValueError, "q has 3 rows, more than batch x q_len = 2 x 1"),
+    "cu_seqlens_q past q": (
+        lambda: good(cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32)), ValueError,
+        "cu_seqlens_q must run from 0 to q's 2 rows"),
+    "more queries than the plan's q_len": (lambda: good(
+        q=torch.randn(2, 4, 64).half(), cu_seqlens_q=torch.tensor([0, 0, 2], dtype=torch.int32),
+        plan=plan_for([3, 20])), ValueError, "sequence 1 2 queries; at most 1"),
     "no cu_seqlens_q, rows off the plan": (lambda: good(
         q=torch.randn(3, 4, 64).half(), cu_seqlens_q=None, plan=plan_for([3, 20])), ValueError,
         "without cu_seqlens_q, q must hold batch x q_len"),

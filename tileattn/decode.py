@@ -278,6 +278,19 @@ def _check_pages(block_table, lengths: list[int], num_pages: int, page_size: int
                          f"page of the cache (0..{num_pages - 1})")
 
 
+def _check_query_offsets(cu_seqlens_q, total_q: int, max_q_len: int) -> None:
+    """cu_seqlens_q read on the host (synchronises): from 0 to total_q, no sequence with fewer
+    than 0 or more than max_q_len queries."""
+    starts = cu_seqlens_q.tolist()
+    if starts[0] != 0 or starts[-1] != total_q:
+        raise ValueError(f"cu_seqlens_q must run from 0 to q's {total_q} rows, got {starts[0]} "
+                         f"... {starts[-1]}")
+    for b, (first, end) in enumerate(zip(starts, starts[1:])):
+        if not 0 <= end - first <= max_q_len:
+            raise ValueError(f"cu_seqlens_q gives sequence {b} {end - first} queries; at most "
+                             f"{max_q_len} (the plan's q_len; more belong to the prefill kernel)")
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -296,7 +309,9 @@ def paged_decode(q, k_cache, v_cache, block_table, *, seq_lens_k=None, cu_seqlen
     (int32 [B + 1]); without cu_seqlens_q every sequence has the plan's q_len queries, rows
     b * q_len onwards. k_cache [num_pages, page_size, Hkv, D], v_cache [..., Dv], Hq % Hkv == 0;
     block_table int32 [B, max_pages]: sequence b's keys are the first n_b rows of its pages in
-    order, n_b from seq_lens_k (int32 [B]) or cu_seqlens_k (int32 [B + 1]). Any page_size.
+    order, n_b from seq_lens_k (int32 [B]) or cu_seqlens_k (int32 [B + 1]; either may also
+    be a list of ints, copied to the device each call: pass tensors to capture a CUDA graph).
+    Any page_size.
     dtypes: q fp16/bf16 with a cache of q's dtype or FP8 (e4m3/e5m2, widened to q's dtype in
     registers), or an FP8 q with an FP8 cache (computed in fp16). Descales float32, [] or
     [B, heads]: q_descale only with an FP8 q, k/v_descale only with an FP8 cache.
@@ -357,8 +372,11 @@ def paged_decode(q, k_cache, v_cache, block_table, *, seq_lens_k=None, cu_seqlen
         else:
             raise ValueError(f"without cu_seqlens_q, q's {total_q} rows must be the same number "
                              f"of queries for each of the {batch} sequences")
+        if q_len > MAX_Q_LEN:
+            raise ValueError(f"a sequence has {q_len} queries; paged_decode takes at most "
+                             f"{MAX_Q_LEN} (more belong to the prefill kernel)")
         plan = decode_plan(lengths, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                           q_len=min(max(1, q_len), MAX_Q_LEN),
+                           q_len=max(1, q_len),
                            page_size=page_size, head_dim=head_dim, head_dim_v=head_dim_v,
                            kv_dtype=k_cache.dtype, device=q.device,
                            window_size=(window_left, window_right))
@@ -366,6 +384,8 @@ def paged_decode(q, k_cache, v_cache, block_table, *, seq_lens_k=None, cu_seqlen
                 window_left)
     if lengths is not None and list(plan.kv_lens_host) != lengths:
         raise ValueError(f"plan was made from other key counts than the {name} given")
+    if cu_seqlens_q is not None and (validate or cu_seqlens_q.device.type == "cpu"):
+        _check_query_offsets(cu_seqlens_q, total_q, plan.q_len)
 
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
