@@ -22,7 +22,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from tileattn.arch import arch_for_capability
 from tileattn.kernels import attention_bwd
 from tileattn.kernels.attention_fwd import TileConfig
-from tileattn.kernels.cross_compile import cross_compile
+from tileattn.kernels.compile import cross_compile
 
 CAPABILITY = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0)}
 

@@ -12,7 +12,7 @@ import triton
 
 import tileattn
 from tileattn.bench.common import device_facts
-from tileattn.kernels.mla.combine import combine_launches
+from tileattn.kernels.split_kv_combine import combine_launches
 
 SHAPES = ["32:8192:64", "32:8192:32", "32:8192:16", "1:8192:64", "1:8192:16", "128:8192:128",
           "8:8192:128"]

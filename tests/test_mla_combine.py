@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tileattn import scheduler
-from tileattn.kernels.mla.combine import combine_launches
+from tileattn.kernels.split_kv_combine import combine_launches
 
 from .test_mla import needs_kernels
 

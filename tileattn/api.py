@@ -13,13 +13,14 @@ import torch
 from . import checks
 from .dispatch import use_kernels
 from .ops import attention as attention_op
+from .ops import decode as decode_op
 from .ops import backward as _autograd  # noqa: F401  (registers the ops' backward)
 from .ops import library
 from .ops import mla as mla_op
 from .ops.mla import PerformanceWarning
 
-__all__ = ["PerformanceWarning", "attention", "attention_varlen", "mla_decode", "mla_plan",
-           "use_kernels"]
+__all__ = ["PerformanceWarning", "attention", "attention_varlen", "decode_plan", "mla_decode",
+           "mla_plan", "use_kernels"]
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
@@ -66,7 +67,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
                      alibi_slopes=None, block_table=None, q_descale=None, k_descale=None,
                      v_descale=None, out_dtype=None, return_lse=False, validate=None,
-                     deterministic=False):
+                     deterministic=False, plan=None):
     """Attention over packed sequences of different lengths (FlashAttention's varlen layout),
     with K/V packed or in a paged cache.
 
@@ -79,6 +80,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     chunked prefill over a cached prefix and decode (Sq = 1).
     Returns out [total_q, Hq, Dv] and, with return_lse, lse float32 [Hq, total_q].
     Differentiable for fp16/bf16 with packed K/V (not with a block_table), as attention().
+
+    Decode: with a block_table and at most DECODE_MAX_Q_LEN queries per sequence, the call
+    runs the split-KV decode kernel (all query heads of a GQA group share each K/V page read).
+    plan (tileattn.decode_plan, made once per step outside a CUDA graph) makes such calls
+    graph-capturable: no host synchronisation, no allocation besides the outputs.
 
     validate: by default (None) the index tensors' values are checked on the host (one
     synchronisation) outside CUDA graph capture and raise ValueError when inconsistent;
@@ -95,11 +101,26 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             q_descale, k_descale, v_descale, out_dtype, checks.flag("deterministic", deterministic))
         return (out, lse) if return_lse else out
     return attention_op.varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, plan=plan, causal=causal,
         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes, block_table=block_table, q_descale=q_descale,
         k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype, return_lse=return_lse,
         validate=validate)
+
+
+def decode_plan(seq_lens_k=None, *, cu_seqlens_k=None, num_q_heads, num_kv_heads, q_len=1,
+                page_size, head_dim, head_dim_v=None, kv_dtype, device=None,
+                window_size=(-1, -1)):
+    """The split-KV plan of one decode step for attention_varlen(..., block_table=...,
+    plan=...): work items over the key counts (seq_lens_k int32 [B], or cu_seqlens_k
+    [B + 1]; read once, a host synchronisation), their workspace, and what the plan was made
+    for. Calls with other key counts or more than q_len queries per sequence write NaN rows
+    and raise on the host outside graph capture. A plan made with a left window serves calls
+    with the same or a smaller one."""
+    return decode_op.decode_plan(seq_lens_k, cu_seqlens_k=cu_seqlens_k, num_q_heads=num_q_heads,
+                                 num_kv_heads=num_kv_heads, q_len=q_len, page_size=page_size,
+                                 head_dim=head_dim, head_dim_v=head_dim_v, kv_dtype=kv_dtype,
+                                 device=device, window_size=window_size)
 
 
 def mla_plan(seq_lens, *, num_heads, q_len=1, page_size, kv_dtype, device, schedule=None,

@@ -92,6 +92,16 @@ def paged_to_packed(cache, block_table, cu_seqlens_k):
     return torch.cat(parts) if parts else cache.new_empty((0, *cache.shape[2:]))
 
 
+def paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens_k, cu_seqlens_q,
+                              **options):
+    """attention_varlen_reference for a paged cache given key counts per sequence
+    (seq_lens_k [B]) rather than their prefix sums."""
+    cu_seqlens_k = torch.zeros(len(seq_lens_k) + 1, dtype=torch.int64)
+    cu_seqlens_k[1:] = torch.as_tensor(seq_lens_k).cpu().long().cumsum(0)
+    return attention_varlen_reference(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k,
+                                      block_table=block_table, **options)
+
+
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, block_table=None,
                                causal=False, softmax_scale=None, q_descale=None,
                                k_descale=None, v_descale=None, window_size=(-1, -1),

@@ -134,9 +134,14 @@ def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, i
     return replay
 
 
+# Queries per sequence up to which a paged batch runs the split-KV decode kernel (ops/decode.py)
+# rather than the prefill kernel, whose query tiles would be mostly empty rows.
+DECODE_MAX_Q_LEN = 16
+
+
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
                    softmax_scale, window_size, softcap, alibi_slopes, block_table, q_descale,
-                   k_descale, v_descale, out_dtype, return_lse, validate):
+                   k_descale, v_descale, out_dtype, return_lse, validate, plan=None):
     """attention_varlen()'s implementation."""
     max_q, max_k = checks.varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, block_table, q_descale, k_descale,
@@ -155,8 +160,21 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if validate and capturing:
         raise ValueError("validate=True reads cu_seqlens and block_table on the host, which a "
                          "CUDA graph capture cannot do: pass validate=None or False there")
-    if validate or (validate is None and not capturing):
+    host_checks = validate or (validate is None and not capturing)
+    if host_checks:
         checks.varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, block_table)
+    decode = block_table is not None and (plan is not None or max_q <= DECODE_MAX_Q_LEN)
+    if plan is not None and block_table is None:
+        raise ValueError("plan (tileattn.decode_plan) applies to a paged cache: pass block_table")
+    if decode and q.shape[0] > 0:
+        from . import decode as decode_op
+        score_mod, _, mod_args = mods.builtin(cap, alibi_slopes)
+        return decode_op.paged_decode(
+            q, k, v, block_table, cu_seqlens_k=cu_seqlens_k, cu_seqlens_q=cu_seqlens_q,
+            plan=plan, causal=causal, softmax_scale=scale, window_size=window,
+            score_mod=score_mod, mod_args=mod_args, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, out_dtype=out_dtype, return_lse=return_lse,
+            validate=bool(validate))
 
     masks = masks_for(causal, window, cap, alibi_slopes)
     is_fp8 = q.dtype in FP8_DTYPES

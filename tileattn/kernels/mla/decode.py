@@ -43,7 +43,7 @@ import triton.language as tl
 from ...arch import Arch
 from ..runtime import interpreter_active
 from ..runtime import KernelLaunch
-from .combine import COMBINE_MAX_SLOTS_PER_STEP, combine_launches
+from ..split_kv_combine import COMBINE_MAX_SLOTS_PER_STEP, combine_launches
 from ..softmax import online_softmax_probs
 
 HEAD_DIM_NOPE = 512   # latent width; also V's width
