@@ -1,10 +1,10 @@
 """MLA decode combine: merges the split-KV partial results of each sequence by their LSEs.
 
 Where the split-KV plan (tileattn.scheduler) gives a sequence several work items, the partial
-kernel (Triton's in mla_decode.py or Gluon's in mla_sm90.py) writes each item's normalised
+kernel (Triton's in decode.py or Gluon's in sm90.py / sm90_fp8.py) writes each item's normalised
 fp32 output and LSE to a workspace slot; mla_decode_combine_kernel merges a sequence's slots
 into its final output and LSE, one program per (sequence, BLOCK_R rows, BLOCK_D columns). The partial
-kernel wrote sequences with a single work item directly. mla_decode.mla_decode_launches
+kernel wrote sequences with a single work item directly. decode.mla_decode_launches
 appends combine_launches to the partial launch.
 
 Pointer layouts (element strides; num_rows = q_len · num_heads, row r is token r // num_heads,
@@ -48,10 +48,8 @@ def mla_decode_combine_kernel(
     sequence has at most SLOTS_PER_STEP slots) one pass loads all slots' LSEs and outputs at
     once; otherwise two passes over the slots, SLOTS_PER_STEP at a time: the rows' largest
     LSE, then the weighted sum. Loads of one step are independent, so a sequence split 64 ways
-    is not 64 dependent load latencies (one program per sequence took 85 us at batch 1, H100).
-    H100 (results/2026-11-23-h100-session7/mla-combine-sweep.json): a fixed 16-slot step in
-    two passes took 38 us at batch 32 H64 with 4 slots a sequence (3/4 of each load masked,
-    low residency); the plan-sized one-pass step 6 us; 64 slots at batch 1: 11.6 -> 6.7 us."""
+    is not 64 dependent load latencies; a step sized to the plan (not a fixed 16) wastes no
+    masked loads on sequences with few slots (docs/design.md, "Combine")."""
     batch = tl.program_id(0)
     slot_start = tl.load(batch_slots_ptr + batch)
     slot_end = tl.load(batch_slots_ptr + batch + 1)
@@ -102,10 +100,9 @@ def mla_decode_combine_kernel(
                      mask=row_valid)
 
 
-# Tile of one combine program. The same sweep: 16 rows x 32 columns with up to 64 slots a step
-# on 4 warps was fastest or tied at every plan tried but one (batch 32 H64, 4 slots: 32 rows
-# 5.0 vs 6.0 us, but 109 vs 6.7 us at batch 1 with 64 slots); 64- or 128-column blocks and
-# 8 warps ran 1.3-20x slower (more values a thread).
+# Tile of one combine program: 16 rows x 32 columns with up to 64 slots a step on 4 warps was
+# fastest or tied at every plan swept; wider blocks and 8 warps hold more values a thread and
+# ran slower (docs/design.md, "Combine").
 COMBINE_ROWS = 16
 COMBINE_COLUMNS = 32      # 16 programs per row block share the 512 output columns
 COMBINE_MAX_SLOTS_PER_STEP = 64
