@@ -211,7 +211,8 @@ RING_BF16: dict = {}
 
 
 def main() -> None:
-    os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the lent machines
+    if os.environ.get("NCCL_NVLS_ENABLE") != "0":   # NVLink multicast stays off here
+        raise SystemExit("run with NCCL_NVLS_ENABLE=0 in the environment (torchrun passes it on)")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)

@@ -19,12 +19,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     assert interpreter_fixes.apply(), "tests pin triton==3.6.0, whose interpreter this corrects"
 
 # Relative L2 error allowed against the fp64 reference computed on the same (quantized) inputs,
-# per input dtype: about twice the worst error measured. FP8 is dominated by P being rounded to
-# e4m3 before P@V (for e5m2 inputs too): worst 0.026 in the corrected interpreter, over
-# tests/test_attention.py's shapes and the GPU tests' extreme ones (one query over 4097 keys),
-# 0.019 on H100 (results/2026-11-22-h100-accuracy.json). bf16: worst 0.0023 on the CPU, 0.002
-# on H100. (Before the interpreter's FP8 rounding was corrected, CPU errors reached 0.08 and
-# these bounds were 8e-2 / 1.5e-1 / 1.6e-2.)
+# per input dtype: about twice the worst error measured, on the CPU and on the GPU. FP8 is
+# dominated by P being rounded to e4m3 before P@V, for e5m2 inputs too (docs/design.md,
+# "Testing").
 TOLERANCES = {
     torch.float16: 2e-3,
     torch.bfloat16: 8e-3,
@@ -33,7 +30,7 @@ TOLERANCES = {
 }
 
 # Bound on |lse - ref| / max(1, |ref|). FP8 QK^T runs on FP8 tensor cores whose fp32
-# accumulation keeps fewer mantissa bits (measured on H100: up to 4e-4), hence the looser row.
+# accumulation keeps fewer mantissa bits, hence the looser row (docs/design.md, "Testing").
 LSE_TOLERANCES = {
     torch.float16: 1e-4,
     torch.bfloat16: 1e-4,

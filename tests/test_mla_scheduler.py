@@ -86,7 +86,7 @@ def test_deterministic():
 
 
 def test_config_table_rules_out_a_one_warpgroup_64_row_block():
-    """4 warps holding a 64x512 fp32 accumulator faulted on the H100 (benchmarks/NOTES.md)."""
+    """4 warps holding a 64x512 fp32 accumulator faulted on the H100 (docs/design.md, "MLA decode")."""
     import pytest
 
     from tileattn.kernels.mla.decode import MLAConfig

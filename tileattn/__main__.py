@@ -1,41 +1,80 @@
-"""Command line: python -m tileattn {demo, bench, accuracy, info, plot}."""
+"""Command line: python -m tileattn {demo, bench, accuracy, info, plot}.
+
+Every command that runs kernels says where they ran: compiled on the GPU, in Triton's CPU
+interpreter (with tileattn's corrections of its arithmetic, or without them under an unverified
+Triton), or nowhere (a CPU without TRITON_INTERPRET=1, where attention() refuses CPU tensors).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import pathlib
 import sys
 import time
+
+
+def execution_path() -> tuple[str, str]:
+    """(kind, words): where tileattn's kernels run in this process. kind is "gpu" (compiled
+    for the GPU), "interpreter" (Triton's CPU interpreter) or "none". The interpreter is decided
+    when tileattn's kernels are defined (TRITON_INTERPRET=1 at import), so it is asked first:
+    it wins over a GPU."""
+    import torch
+    import triton
+
+    from tileattn.interpreter_fixes import TRITON_VERSION
+    from tileattn.kernels.runtime import interpreter_active
+
+    if interpreter_active():
+        if triton.__version__ == TRITON_VERSION:
+            return "interpreter", ("the Triton kernels in Triton's CPU interpreter, with "
+                                   "tileattn's corrections of its FP8/bf16 arithmetic (verified "
+                                   f"for triton {TRITON_VERSION})")
+        return "interpreter", ("the Triton kernels in Triton's CPU interpreter, uncorrected: "
+                               f"tileattn's corrections are verified for triton {TRITON_VERSION}, "
+                               f"not {triton.__version__}, so bf16 and FP8 results may be wrong")
+    if torch.cuda.is_available():
+        return "gpu", f"the compiled kernels on the GPU ({torch.cuda.get_device_name()})"
+    return "none", ("nowhere: no CUDA GPU is visible and TRITON_INTERPRET=1 was not set before "
+                    "tileattn was imported, so attention() refuses CPU tensors")
+
+
+def cpu_hint(command: str) -> str:
+    return (f"To run tileattn's kernels on this CPU, in Triton's interpreter (slow, small "
+            f"shapes): TRITON_INTERPRET=1 python -m tileattn {command}")
+
+
+def _corrections_verified() -> bool:
+    import triton
+
+    from tileattn.interpreter_fixes import TRITON_VERSION
+    return triton.__version__ == TRITON_VERSION
 
 
 def _demo(args) -> None:
     import torch
 
-    if not torch.cuda.is_available():
-        # No GPU: run the very same Triton kernel on the CPU through the interpreter. It must be
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        # No GPU: run the very same Triton kernels on the CPU through the interpreter. It must be
         # switched on before the kernels are defined, so the demo re-executes itself once.
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            os.environ["TRITON_INTERPRET"] = "1"
-            os.execv(sys.executable, [sys.executable, "-m", "tileattn", *sys.argv[1:]])
+        os.execve(sys.executable, [sys.executable, "-m", "tileattn", *sys.argv[1:]],
+                  {**os.environ, "TRITON_INTERPRET": "1"})
     import tileattn
-    from tileattn import interpreter_fixes
     from tileattn.reference import attention_reference
 
-    on_gpu = torch.cuda.is_available()
-    # Triton 3.6's interpreter rounds FP8/bf16 unlike the GPU and cannot multiply bf16.
-    interpreter_fixed = not on_gpu and interpreter_fixes.apply()
+    kind, path = execution_path()
+    on_gpu = kind == "gpu"
     device = "cuda" if on_gpu else "cpu"
     batch, seqlen, heads, kv_heads, head_dim = (4, 4096, 32, 8, 128) if on_gpu else (1, 200, 4, 2, 64)
-    print(f"tileattn demo on {torch.cuda.get_device_name() if on_gpu else 'CPU (Triton interpreter)'}: "
-          f"B={batch} N={seqlen} Hq={heads} Hkv={kv_heads} D={head_dim}, causal")
+    print(f"tileattn demo: {path}")
+    print(f"B={batch} N={seqlen} Hq={heads} Hkv={kv_heads} D={head_dim}, causal")
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, seqlen, heads, head_dim, device=device, generator=gen)
     k = torch.randn(batch, seqlen, kv_heads, head_dim, device=device, generator=gen)
     v = torch.randn(batch, seqlen, kv_heads, head_dim, device=device, generator=gen)
     dtypes = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
-    if not on_gpu and not interpreter_fixed:
-        dtypes.remove(torch.bfloat16)  # an uncorrected interpreter multiplies bf16 bits
+    if not on_gpu and not _corrections_verified():
+        dtypes.remove(torch.bfloat16)  # an uncorrected interpreter multiplies bf16's raw bits
     ref_batch = slice(0, 1)  # the fp64 reference on one batch element keeps the demo quick
     for dtype in dtypes:
         if dtype.itemsize == 1:
@@ -68,35 +107,59 @@ def _info(args) -> None:
     import torch
     import triton
 
+    import tileattn
+    from tileattn import dispatch
     from tileattn.arch import arch_of, v_needs_k_major
-    from tileattn.kernels.attention import fwd as attention_fwd
-    from tileattn.kernels.runtime import interpreter_active
+    from tileattn.kernels.attention import fwd
+    from tileattn.kernels.mla import decode as mla_decode
 
-    print(f"torch {torch.__version__}, triton {triton.__version__}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    arch = arch_of(device)
-    if device.type == "cuda":
+    print(f"tileattn {tileattn.__version__}, torch {torch.__version__}, triton {triton.__version__}")
+    kind, path = execution_path()
+    on_gpu = kind == "gpu"
+    device = torch.device("cuda" if on_gpu else "cpu")
+    if on_gpu:
         props = torch.cuda.get_device_properties(device)
         print(f"device: {props.name}, capability {props.major}.{props.minor}, "
               f"{props.multi_processor_count} SMs")
     else:
-        print(f"device: CPU ({'Triton interpreter' if interpreter_active() else 'fp64 reference path; set TRITON_INTERPRET=1 to run the kernel'})")
+        print("device: CPU")
+    print(f"kernels run: {path}")
+    if kind == "none":
+        print(cpu_hint("info"))
+        print("No kernel can run here, so no kernel choice or tile config applies.")
+        return
+    settings = dispatch.current()
+    print(f"kernel settings: attention={settings.attention}, mla={settings.mla} "
+          "(TILEATTN_KERNEL / TILEATTN_MLA_KERNEL at import; tileattn.use_kernels overrides)")
+    arch = arch_of(device)
     print(f"arch row: {arch}")
+    if not on_gpu:
+        print("tile configs: the interpreter's small tiles, so that short test sequences span "
+              "several blocks")
+    print("forward attention:")
     if arch.has_wgmma:
-        from tileattn.kernels.attention import sm90 as attention_sm90
-        print("  fp16/bf16, non-causal, D 128/256, >= 4096 keys: Hopper Gluon kernel "
-              f"{ {d: attention_sm90.CONFIGS[(d, False)] for d in (128, 256)} } "
-              f"(TILEATTN_KERNEL={os.environ.get('TILEATTN_KERNEL', 'auto')})")
+        from tileattn.kernels.attention import sm90
+        print(f"  Hopper Gluon kernel for fp16/bf16 with head dim != 64 and "
+              f"batch*heads*Sq*Sk*D >= 2^{dispatch.SM90_MIN_WORK.bit_length() - 1} (halved when "
+              f"causal) where TMA can address the strides; configs by padded head dim: "
+              f"{ {d: sm90.CONFIGS[(d, False)] for d in (64, 128, 256)} }")
+        print("  portable Triton kernel otherwise:")
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        print(f"  {dtype}: V made K-major: {v_needs_k_major(arch, dtype)}")
+        if dtype.itemsize == 1 and not arch.has_fp8_mma:
+            continue
+        print(f"  {str(dtype).replace('torch.', '')}: V made K-major in the call: "
+              f"{v_needs_k_major(arch, dtype)}")
         for head_dim in (64, 128, 256):
-            if dtype.itemsize == 1 and not arch.has_fp8_mma:
-                continue
-            config = attention_fwd.config_for(arch, head_dim, head_dim, dtype.itemsize == 1)
-            causal_config = attention_fwd.config_for(arch, head_dim, head_dim,
-                                                     dtype.itemsize == 1, causal=True)
+            config = fwd.config_for(arch, head_dim, head_dim, dtype.itemsize == 1)
+            causal_config = fwd.config_for(arch, head_dim, head_dim, dtype.itemsize == 1,
+                                           causal=True)
             extra = f", causal {causal_config}" if causal_config != config else ""
-            print(f"    D={head_dim}: portable kernel {config}{extra}")
+            print(f"    D={head_dim}: {config}{extra}")
+    print("MLA decode (per H*q_len rows a sequence):")
+    for rows in (16, 128):
+        config = mla_decode.config_for(arch, None, rows)
+        kernel = dispatch.mla_kernel(arch, rows, 64, torch.bfloat16, config.schedule, settings)
+        print(f"  {rows} rows, pages of 64: {kernel} partial kernel, {config}")
 
 
 def _bench(args) -> None:
@@ -121,48 +184,85 @@ def _bench(args) -> None:
 
 
 def _accuracy(args) -> None:
-    import torch
-
+    kind, path = execution_path()
+    if kind == "none":
+        sys.exit(f"python -m tileattn accuracy: the kernels can run {path}.\n"
+                 f"{cpu_hint('accuracy')}")
     from tileattn.bench import accuracy
     from tileattn.bench.common import device_facts, write_results
-    rows = accuracy.run()
+
+    on_gpu = kind == "gpu"
+    print(f"accuracy of {path}")
+    head_dims = tuple(args.head_dims or accuracy.HEAD_DIMS)
+    rows = accuracy.run(device="cuda" if on_gpu else "cpu", head_dims=head_dims)
     print(accuracy.format_table(rows))
-    if torch.cuda.is_available():
-        path = write_results("accuracy", {**device_facts(), "rows": rows}, args.out)
-        print(f"results: {path}")
+    if on_gpu:
+        complete = head_dims == accuracy.HEAD_DIMS
+        written = write_results("accuracy", {**device_facts(), "rows": rows}, args.out, complete)
+        print(f"results: {written}")
+    else:
+        print("(small shapes in the interpreter: no results file is written)")
 
 
 def _plot(args) -> None:
-    from tileattn.bench import prefill
-    payloads = []
-    for path in args.results:
-        with open(path) as f:
-            payloads.append(json.load(f))
-    payload = prefill.merge_by_head_dim(payloads)
-    if args.markdown:
-        print(prefill.format_markdown(payload))
-        return
-    print(prefill.format_tables(payload))
-    prefill.plot(payload, args.results[-1].replace(".json", ".png"))
+    from tileattn.bench import accuracy, common, mla, prefill
+
+    if args.results:
+        groups = [[pathlib.Path(p) for p in args.results]]
+    else:
+        root = common.default_results_dir()
+        groups = [[path] for path in sorted(root.glob("*/*.json"))]
+        if not groups:
+            sys.exit(f"no results files under {root}: run `python -m tileattn bench` on a GPU "
+                     "first, or name the files")
+    for paths in groups:
+        payloads = [common.load_results(path) for path in paths]
+        grids = {payload["grid"] for payload in payloads}
+        if len(grids) > 1:
+            sys.exit(f"python -m tileattn plot: the files hold different grids {sorted(grids)}")
+        grid = grids.pop()
+        print(f"== {', '.join(map(str, paths))}: {grid}, {payloads[-1]['device']}, "
+              f"{payloads[-1]['date']}")
+        if grid == "prefill":
+            payload = prefill.merge_by_head_dim(payloads)
+            if args.markdown:
+                print(prefill.format_markdown(payload))
+                continue
+            print(prefill.format_tables(payload))
+            prefill.plot(payload, paths[-1].with_suffix(".png"))
+        elif grid == "mla":
+            for payload in payloads:
+                print(mla.format_table(payload["rows"], payload["copy_gbps"]))
+        elif grid == "accuracy":
+            for payload in payloads:
+                print(accuracy.format_table(payload["rows"]))
+        else:
+            print(f"(no table for the {grid} grid yet)")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tileattn", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="run a realistic forward and print its error (and speed on GPU)")
+    commands.add_parser("demo", help="run a realistic forward and print its error (and speed on "
+                                     "GPU); on a CPU, in Triton's interpreter")
+    results_help = ("results folder (default: benchmarks/results in a source checkout, else "
+                    "./tileattn-results); files go to <folder>/<gpu>/<grid>.json")
     bench = commands.add_parser("bench", help="the benchmark grid with peers (GPU)")
     bench.add_argument("--mla", action="store_true", help="the MLA decode grid instead of prefill")
     bench.add_argument("--quick", action="store_true", help="a few points only")
-    bench.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    bench.add_argument("--out", default=None, help=results_help)
     bench.add_argument("--head-dims", type=int, nargs="+", help="a subset of the grid's head dims")
     bench.add_argument("--contexts", type=int, nargs="+", help="a subset of the grid's contexts")
     accuracy = commands.add_parser("accuracy", help="error table per dtype vs fp64")
-    accuracy.add_argument("--out", default=None)
-    commands.add_parser("info", help="device, arch row, kernel configs, V-layout decision")
-    plot = commands.add_parser("plot", help="tables and PNG from prefill results JSON files")
-    plot.add_argument("results", nargs="+",
-                      help="results files; a later file's head dims replace an earlier file's")
-    plot.add_argument("--markdown", action="store_true", help="print the README's table instead")
+    accuracy.add_argument("--out", default=None, help=results_help)
+    accuracy.add_argument("--head-dims", type=int, nargs="+", help="a subset of 64 128 256")
+    commands.add_parser("info", help="where kernels run, device, arch row, kernel choice, configs")
+    plot = commands.add_parser("plot", help="tables (and the prefill PNG) from results files")
+    plot.add_argument("results", nargs="*",
+                      help="results files of one grid (default: every file in the results "
+                           "folder, one by one); a later prefill file's head dims replace an "
+                           "earlier one's")
+    plot.add_argument("--markdown", action="store_true", help="print the README's prefill table")
     args = parser.parse_args(argv)
     {"demo": _demo, "bench": _bench, "accuracy": _accuracy, "info": _info, "plot": _plot}[args.command](args)
 

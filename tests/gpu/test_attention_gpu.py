@@ -1,23 +1,54 @@
 """attention() on a real GPU at real sizes: every dtype (bf16 included), every head dim, long
-contexts. Skipped on machines without CUDA; run through the device tool."""
+contexts. Skipped on machines without CUDA; run through the device tool.
+
+Tiers (tests/conftest.py): the default run is the fast tier, which covers every dtype, every
+head-dim pair, every shape and both mask settings at least once each (FAST_CASES, each dtype
+with a padded and an unpadded head dim, causal and not) plus each feature test once;
+`pytest --full` adds the rest of the dtype x head dims x shape x causal grid and the second
+dtype of the feature tests (marked `full`).
+"""
 
 import pytest
 import torch
 
 import tileattn
-from tileattn import api
 from tileattn.arch import FP8_DTYPES
+from tileattn.kernels import runtime
+from tileattn.ops import attention as attention_op
 from tileattn.reference import attention_reference
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+full = pytest.mark.full
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
-# (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads)
+# (batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads): GQA 4:1 and 8:1, one query over 4097
+# keys, few queries over many keys and many over few (causal: most rows see no key).
 SHAPES = [(2, 1000, 1000, 8, 2), (1, 4097, 4097, 4, 4), (3, 1, 4097, 8, 1), (1, 17, 3000, 4, 2),
           (1, 3000, 17, 4, 2)]
+# The fast tier of test_real_sizes: (dtype, head dims, shape index, causal). Each dtype, head
+# dim pair and shape appears with causal on and off.
+FAST_CASES = [
+    (torch.bfloat16, (64, 64), 4, False), (torch.bfloat16, (192, 128), 4, True),
+    (torch.float16, (96, 96), 1, True), (torch.float16, (256, 256), 1, False),
+    (torch.float16, (128, 128), 0, True), (torch.float8_e4m3fn, (128, 128), 3, False),
+    (torch.float8_e4m3fn, (192, 128), 2, False), (torch.float8_e4m3fn, (64, 64), 2, True),
+    (torch.float8_e5m2, (256, 256), 3, True), (torch.float8_e5m2, (96, 96), 0, False),
+]
+
+
+def _real_size_cases():
+    fast = {(dtype, dims, SHAPES[shape], causal) for dtype, dims, shape, causal in FAST_CASES}
+    for dtype in DTYPES:
+        for dims in HEAD_DIMS:
+            for shape in SHAPES:
+                for causal in (False, True):
+                    marks = () if (dtype, dims, shape, causal) in fast else (full,)
+                    yield pytest.param(dtype, dims, shape, causal, marks=marks, id=(
+                        f"{str(dtype).replace('torch.', '')}-D{dims[0]}-{dims[1]}-"
+                        f"{'x'.join(map(str, shape))}-{'causal' if causal else 'noncausal'}"))
 
 
 def run_and_check(shape, head_dims, dtype, causal, per="tensor"):
@@ -43,59 +74,45 @@ def run_and_check(shape, head_dims, dtype, causal, per="tensor"):
     assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() < LSE_TOLERANCES[dtype]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"D{d[0]}-{d[1]}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,head_dims,shape,causal", list(_real_size_cases()))
 def test_real_sizes(dtype, head_dims, shape, causal):
     run_and_check(shape, head_dims, dtype, causal)
 
 
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, pytest.param(torch.float8_e5m2, marks=full)],
+                         ids=str)
 def test_per_head_descales(dtype):
     run_and_check((2, 2000, 2000, 8, 4), (128, 128), dtype, True, per="head")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=full), torch.float8_e4m3fn],
+                         ids=str)
 def test_long_context_32k(dtype):
     run_and_check((1, 32768, 32768, 2, 1), (128, 128), dtype, True)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float8_e4m3fn, marks=full)],
+                         ids=str)
 def test_cached_launch_matches_triton_launch(dtype):
     """KernelLaunch.run's cached fast path gives bit-identical results to Triton's own launch."""
-    from tileattn.kernels import runtime as cross_compile
     run_and_check((2, 300, 300, 4, 2), (128, 128), dtype, True)  # compiles, caches
     q = torch.randn(2, 300, 4, 128, device="cuda").to(torch.bfloat16)
     k, v = (torch.randn(2, 300, 2, 128, device="cuda").to(torch.bfloat16) for _ in range(2))
     fast = tileattn.attention(q, k, v, causal=True)
-    saved = dict(cross_compile._COMPILED)
-    cross_compile._COMPILED.clear()
-    api._CALLS.clear()   # else the call cache replays its bound launch
+    saved = dict(runtime._COMPILED)
+    runtime._COMPILED.clear()
+    attention_op._CALLS.clear()   # else the call cache replays its bound launch
     slow = tileattn.attention(q, k, v, causal=True)  # first launch of a key: Triton's path
-    cross_compile._COMPILED.update(saved)
+    runtime._COMPILED.update(saved)
     assert torch.equal(fast, slow)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"D{d[0]}-{d[1]}")
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-def test_fp8_grouped_v_keys(monkeypatch, dtype, head_dims, shape, causal):
-    """TILEATTN_FP8_V_KEYS=grouped (experimental): the in-call V copy in grouped key order and
-    the portable kernel's matching P order (kernels/layout.py), at real sizes."""
-    monkeypatch.setenv("TILEATTN_FP8_V_KEYS", "grouped")
-    run_and_check(shape, head_dims, dtype, causal)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
-@pytest.mark.parametrize("v_keys", ["natural", "grouped"])
-def test_repeat_calls_replay_the_checked_launch(dtype, v_keys, monkeypatch):
+def test_repeat_calls_replay_the_checked_launch(dtype):
     """A call with an earlier call's signature skips the checks and the launch setup (the
     call cache): it must still read this call's tensors, scale and descales, transpose this
     call's V, and write fresh outputs."""
-    monkeypatch.setenv("TILEATTN_FP8_V_KEYS", v_keys)
-    api._CALLS.clear()
+    attention_op._CALLS.clear()
     qkv_shape = (2, 333, 8 + 2 + 2, 128)   # fused qkv: q strided, GQA 8 / 2
 
     def call(seed, softmax_scale=None, descales=True):
@@ -117,16 +134,16 @@ def test_repeat_calls_replay_the_checked_launch(dtype, v_keys, monkeypatch):
 
     for seed in range(3):   # new data each time: each must match its own reference
         call(seed)
-    assert len(api._CALLS) == 1, "the repeat calls did not go through the call cache"
+    assert len(attention_op._CALLS._entries) == 1, "the repeat calls did not go through the call cache"
     for seed, scale in ((3, 0.05), (4, 0.2)):   # a second signature; each call's scale is read
         call(seed, softmax_scale=scale)
-    assert len(api._CALLS) == 2
+    assert len(attention_op._CALLS._entries) == 2
     with pytest.raises(ValueError, match="softmax_scale"):   # checked on the replayed path too
         call(7, softmax_scale=-1.0)
     if dtype in FP8_DTYPES:
         for seed in (5, 6):   # missing descales are 1.0 on the replayed path too
             call(seed, descales=False)
-        assert len(api._CALLS) == 3
+        assert len(attention_op._CALLS._entries) == 3
 
 
 def test_cuda_graph_capture_and_replay():

@@ -2,13 +2,21 @@
 
 Protocol (../shared/BENCHMARKS.md): each measured call is first checked for correctness, then
 timed with triton.testing.do_bench(warmup=100, rep=400, return_mode="median"); results are
-written as JSON with device, versions and date so the README tables can be regenerated.
+written as JSON with device, versions and date so that tables and plots are made from them.
+
+Results files: one per GPU and grid, `<results dir>/<gpu>/<grid>.json` (e.g. h100/prefill.json),
+rewritten by each complete run of that grid (git keeps the history). A run over part of a grid
+(--quick, a subset of head dims, a time box that cut it short) writes `<grid>-partial.json`
+beside it instead, so that it can never replace the canonical file by accident. The results
+dir is `benchmarks/results` when the current directory is a tileattn source checkout, and
+`./tileattn-results` anywhere else (an installed tileattn never writes into its own package).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import pathlib
 import sys
 import time
@@ -16,7 +24,17 @@ import time
 import torch
 import triton
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+CHECKOUT_RESULTS = pathlib.Path("benchmarks") / "results"
+ELSEWHERE_RESULTS = pathlib.Path("tileattn-results")
+
+
+def default_results_dir(cwd: pathlib.Path | None = None) -> pathlib.Path:
+    """benchmarks/results in a source checkout's root (it has tileattn/ and benchmarks/results),
+    ./tileattn-results elsewhere."""
+    cwd = pathlib.Path(cwd or pathlib.Path.cwd())
+    if (cwd / CHECKOUT_RESULTS).is_dir() and (cwd / "tileattn" / "__init__.py").is_file():
+        return cwd / CHECKOUT_RESULTS
+    return cwd / ELSEWHERE_RESULTS
 
 
 def time_ms(fn) -> float:
@@ -26,7 +44,7 @@ def time_ms(fn) -> float:
 
 def spin_up(seconds: float = 2.0) -> None:
     """Keep the GPU busy for a while before the first timing, so that it is not taken while
-    the clocks are still rising (the first point of one H100 grid ran at half speed)."""
+    the clocks are still rising (docs/design.md, "Benchmarks and results")."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     start = time.time()
     while time.time() - start < seconds:
@@ -67,13 +85,42 @@ def copy_gbps(device: torch.device | None = None, gib: float = 2.0) -> float:
     return 2 * numel * 4 / (ms * 1e-3) / 1e9
 
 
-def write_results(kind: str, payload: dict, out_dir: pathlib.Path | None = None) -> pathlib.Path:
-    """Write benchmarks/results/<date>-<gpu>-<kind>.json (or under out_dir) and return its path."""
-    out_dir = pathlib.Path(out_dir or RESULTS_DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{payload['date']}-{gpu_slug(payload['device'])}-{kind}.json"
+def results_path(grid: str, device_name: str, out_dir=None, complete: bool = True) -> pathlib.Path:
+    """Where a run of `grid` on `device_name` writes (module docstring)."""
+    out_dir = pathlib.Path(out_dir) if out_dir is not None else default_results_dir()
+    name = grid if complete else f"{grid}-partial"
+    return out_dir / gpu_slug(device_name) / f"{name}.json"
+
+
+def write_results(grid: str, payload: dict, out_dir=None, complete: bool = True) -> pathlib.Path:
+    """Write payload (device facts and rows) as `<out_dir>/<gpu>/<grid>.json`, replacing the
+    previous run's file; `<grid>-partial.json` for a run over part of the grid. Returns the path."""
+    path = results_path(grid, payload["device"], out_dir, complete)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {**payload, "grid": grid}
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+def write_json(name: str, payload, out_dir=None) -> pathlib.Path:
+    """A maintainer script's output (an A/B, a sweep, a diagnostic) as `<out_dir>/<name>.json`.
+    These are evidence for a decision, not results files: out_dir defaults to $OUT when set
+    (the GPU session's output folder), else the current directory."""
+    out_dir = pathlib.Path(out_dir or os.environ.get("OUT") or ".")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def load_results(path) -> dict:
+    """A results file; files written before the `grid` field existed get it from their rows."""
+    payload = json.loads(pathlib.Path(path).read_text())
+    if "grid" not in payload:
+        rows = payload.get("rows") or [{}]
+        payload["grid"] = ("mla" if "seq_len" in rows[0] else
+                           "accuracy" if "rel_vs_quantized" in rows[0] else "prefill")
+    return payload
 
 
 class Progress:

@@ -6,7 +6,7 @@ serving engine would (one plan per step, reused by every layer). The "torch" pee
 straightforward implementation: gather the pages, QK^T, softmax in fp32, P@V.
 
 The full grid is 576 shapes × 3 implementations; timed at the protocol's rep it would take
-far over the 6-minute budget, so the grid is cut (see GRID below: all of page_size 64 bf16
+far over the 6-minute budget, so the grid is cut (see _grid below: all of page_size 64 bf16
 q_len 1; q_len 2/4, FP8 and page_size 1 on subsets) and timed with do_bench(warmup=25,
 rep=100). The run prints what it skipped. tileattn rows are also timed replayed from a CUDA
 graph (ms_graph, gbps_graph, tflops_graph): a serving engine captures its decode step, and at
@@ -23,7 +23,7 @@ import triton
 
 import tileattn
 
-from .common import Progress, copy_gbps, device_facts, write_results
+from .common import Progress, copy_gbps, device_facts, results_path, write_results
 
 HEAD_DIM_QK, HEAD_DIM_V = 576, 512
 SCHEDULES = ("split_dv", "dup_qk")
@@ -74,7 +74,10 @@ def torch_mla_decode(q, kv_cache, page_table, seq_len: int, softmax_scale: float
     return torch.matmul(probs, kv[..., :HEAD_DIM_V]).reshape(batch, q_len, heads, HEAD_DIM_V)
 
 
-def _make_cache(batch, seq_len, page_size, kv_dtype, device, gen):
+def make_cache(batch, seq_len, page_size, kv_dtype, device, gen):
+    """(kv_cache, page_table, kv_descale): a paged latent cache of `batch` sequences of seq_len
+    keys in random pages (a permutation, so a sequence's pages are not adjacent), bf16 or, for
+    kv_dtype "fp8", e4m3 with a per-tensor descale. The MLA benchmark scripts share it."""
     pages_per_seq = -(-seq_len // page_size)
     num_pages = batch * pages_per_seq
     kv = torch.randn(num_pages, page_size, HEAD_DIM_QK, device=device, generator=gen,
@@ -89,14 +92,15 @@ def _make_cache(batch, seq_len, page_size, kv_dtype, device, gen):
 
 def run(out_dir=None, quick: bool = False, budget_s: float = 330.0):
     """Time the grid, stopping at budget_s seconds (the shapes left are listed as skipped).
-    Results are rewritten after every shape, so an interrupted run still leaves its data."""
+    Results are written after every shape (mla-partial.json), so an interrupted run still
+    leaves its data; a complete run then writes mla.json (common.write_results)."""
     device = torch.device("cuda")
     facts = device_facts(device)
     copy_rate = copy_gbps(device)
     grid = _grid(quick)
     print(f"MLA decode on {facts['device']}: {len(grid)} shapes (time-boxed grid, "
           f"do_bench warmup=25 rep=100); HBM copy rate {copy_rate:.0f} GB/s", flush=True)
-    rows, skipped = [], []
+    rows, skipped, past_budget = [], [], False
     gen = torch.Generator(device=device).manual_seed(0)
     progress = Progress(len(grid), "mla")
     cache_key, cache = None, None
@@ -104,12 +108,13 @@ def run(out_dir=None, quick: bool = False, budget_s: float = 330.0):
     for index, (batch, seq_len, heads, q_len, page_size, kv_name) in enumerate(grid):
         if time.time() - started > budget_s:
             skipped += [f"shape {shape} (over the {budget_s:.0f} s budget)" for shape in grid[index:]]
+            past_budget = True
             break
         key = (batch, seq_len, page_size, kv_name)
         if key != cache_key:
             cache = None
             torch.cuda.empty_cache()
-            cache, cache_key = _make_cache(batch, seq_len, page_size, kv_name, device, gen), key
+            cache, cache_key = make_cache(batch, seq_len, page_size, kv_name, device, gen), key
         kv_cache, page_table, kv_descale = cache
         q = torch.randn(batch, q_len, heads, HEAD_DIM_QK, device=device, generator=gen,
                         dtype=torch.bfloat16)
@@ -152,110 +157,35 @@ def run(out_dir=None, quick: bool = False, budget_s: float = 330.0):
                              num_work=plan.num_work, num_splits=plan.num_slots,
                              chunk_size=plan.chunk_size))
         progress.step(f"b{batch} s{seq_len} h{heads} q{q_len} p{page_size} {kv_name}")
-        path = _write(facts, copy_rate, skipped, started, rows, out_dir)
-    path = _write(facts, copy_rate, skipped, started, rows, out_dir)
-    _print_table(rows, copy_rate)
+        path = _write(facts, copy_rate, skipped, started, rows, out_dir, complete=False)
+    complete = not quick and not past_budget
+    path = _write(facts, copy_rate, skipped, started, rows, out_dir, complete)
+    if complete:   # the interim copy written after each shape
+        results_path("mla", facts["device"], out_dir, complete=False).unlink(missing_ok=True)
+    print(format_table(rows, copy_rate))
     print(f"skipped {len(skipped)} points: torch where its scores exceed "
           f"{TORCH_SCORE_BYTES >> 30} GiB, shapes past the budget; wrote {path}")
     return path
 
 
-def _write(facts, copy_rate, skipped, started, rows, out_dir):
+def _write(facts, copy_rate, skipped, started, rows, out_dir, complete):
     payload = dict(facts, copy_gbps=copy_rate, grid_note=(
         "time-boxed: page_size 64 bf16 q_len 1 full; q_len 2/4 at seq 2048 heads 16/64/128; "
         "fp8 at seq 2048/8192 all heads; page_size 1 at batch 32/768 seq 1024/2048 heads "
         "16/128; do_bench warmup=25 rep=100"), skipped=skipped,
         seconds=round(time.time() - started, 1), rows=rows)
-    return write_results("mla", payload, out_dir)
+    return write_results("mla", payload, out_dir, complete)
 
 
-def _print_table(rows, copy_rate):
-    print(f"{'batch':>5} {'seq':>5} {'H':>3} {'qlen':>4} {'page':>4} {'kv':>4} {'impl':>17} "
-          f"{'ms':>8} {'GB/s':>7} {'%copy':>5} {'TFLOP/s':>7} {'graph ms':>8} {'%copy':>5}")
+def format_table(rows, copy_rate) -> str:
+    """One line per row: time, GB/s and its fraction of the copy rate, TFLOP/s, graph time."""
+    lines = [f"{'batch':>5} {'seq':>5} {'H':>3} {'qlen':>4} {'page':>4} {'kv':>4} {'impl':>17} "
+             f"{'ms':>8} {'GB/s':>7} {'%copy':>5} {'TFLOP/s':>7} {'graph ms':>8} {'%copy':>5}"]
     for r in rows:
         graph = (f" {r['ms_graph']:>8.4f} {100 * r['gbps_graph'] / copy_rate:>5.0f}"
                  if "ms_graph" in r else "")
-        print(f"{r['batch']:>5} {r['seq_len']:>5} {r['heads']:>3} {r['q_len']:>4} "
-              f"{r['page_size']:>4} {r['kv_dtype']:>4} {r['impl']:>17} {r['ms']:>8.4f} "
-              f"{r['gbps']:>7.0f} {100 * r['gbps'] / copy_rate:>5.0f} {r['tflops']:>7.1f}{graph}")
-
-
-# Candidate knobs for the sweep: (name, changes to the chip's split_dv row).
-SWEEP_VARIANTS = (
-    ("table", {}),
-    ("2/SM", {"programs_per_sm": 2}),
-    ("3/SM", {"programs_per_sm": 3}),
-    ("N64", {"block_n": 64}),
-    ("N16s3", {"block_n": 16, "num_stages": 3}),
-    ("w4", {"num_warps": 4}),
-    ("s3", {"num_stages": 3}),
-)
-# Variants that compare the partial kernels themselves on the table row's plan: "mla_kernel"
-# makes the variant's plans with that partial kernel.
-KERNEL_VARIANTS = (("triton", {"mla_kernel": "triton"}), ("gluon", {"mla_kernel": "gluon"}))
-SWEEP_SHAPES = ((768, 2048, 16, "bf16"), (768, 2048, 32, "bf16"), (768, 2048, 64, "bf16"),
-                (768, 2048, 128, "bf16"), (32, 8192, 16, "bf16"), (32, 8192, 64, "bf16"),
-                (768, 2048, 16, "fp8"), (768, 2048, 64, "fp8"), (32, 8192, 16, "fp8"))
-
-
-def sweep(out_dir=None, variants=SWEEP_VARIANTS, shapes=SWEEP_SHAPES):
-    """Time each SWEEP_VARIANTS row of the sm90 split_dv config at SWEEP_SHAPES (page_size 64,
-    q_len 1), checked against the first variant's output. A variant's "mla_kernel" entry
-    (KERNEL_VARIANTS) picks the partial kernel. Results: mla-sweep JSON."""
-    import dataclasses
-
-    from tileattn import dispatch
-    from tileattn.arch import arch_of
-    from tileattn.ops.mla import plan_for_config
-    from tileattn.kernels.mla import decode as kernels
-
-    device = torch.device("cuda")
-    facts = device_facts(device)
-    copy_rate = copy_gbps(device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    rows = []
-    for batch, seq_len, heads, kv_name in shapes:
-        kv_cache, page_table, kv_descale = _make_cache(batch, seq_len, 64, kv_name, device, gen)
-        q = torch.randn(batch, 1, heads, HEAD_DIM_QK, device=device, generator=gen, dtype=torch.bfloat16)
-        seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
-        io_bytes = batch * seq_len * HEAD_DIM_QK * kv_cache.element_size() + q.numel() * 2 + batch * heads * HEAD_DIM_V * 2
-        flops = 2 * heads * (HEAD_DIM_QK + HEAD_DIM_V) * batch * seq_len
-        expected = None
-        base = kernels.config_for(arch_of(device), "split_dv", heads)
-        for name, changes in variants:
-            changes = dict(changes)
-            mla_kernel = changes.pop("mla_kernel", None)
-            try:
-                config = dataclasses.replace(base, **changes)
-            except ValueError as error:  # a shape the config table rules out
-                print(f"{name} h{heads}: skipped, {error}")
-                continue
-            plan = plan_for_config([seq_len] * batch, config, num_heads=heads, q_len=1,
-                                   page_size=64, kv_dtype=kv_cache.dtype, device=device,
-                                   kernel=mla_kernel or dispatch.mla_kernel(
-                                       arch_of(device), heads, 64, kv_cache.dtype,
-                                       config.schedule, dispatch.current()))
-            kernel = plan.kernel
-            call = lambda: tileattn.mla_decode(q, kv_cache, page_table, seq_lens, softmax_scale=0.07,
-                                               kv_descale=kv_descale, plan=plan)
-            try:
-                out = call().float()
-                if expected is None:
-                    expected = out
-                error = float((out - expected).norm() / expected.norm())
-                if error > CHECK_TOLERANCE:
-                    print(f"{name} b{batch} s{seq_len} h{heads} {kv_name}: differs by {error:.2e}")
-                    continue
-                ms = _time_ms(call)
-            except Exception as error:  # noqa: BLE001 - out of resources etc.
-                print(f"{name} b{batch} s{seq_len} h{heads} {kv_name}: {type(error).__name__} {str(error)[:120]}")
-                continue
-            row = dict(batch=batch, seq_len=seq_len, heads=heads, kv_dtype=kv_name, variant=name,
-                       kernel=kernel,
-                       config=dataclasses.asdict(config), num_work=plan.num_work, ms=ms,
-                       gbps=io_bytes / ms / 1e6, tflops=flops / ms / 1e9)
-            rows.append(row)
-            print(f"b{batch:>4} s{seq_len:>5} h{heads:>3} {kv_name:>4} {name:>6}: {ms:.4f} ms "
-                  f"{row['gbps']:6.0f} GB/s ({row['gbps'] / copy_rate:.2f} copy) {row['tflops']:6.1f} TFLOP/s "
-                  f"work {plan.num_work} {kernel}", flush=True)
-    return write_results("mla-sweep", dict(facts, copy_gbps=copy_rate, rows=rows), out_dir)
+        lines.append(f"{r['batch']:>5} {r['seq_len']:>5} {r['heads']:>3} {r['q_len']:>4} "
+                     f"{r['page_size']:>4} {r['kv_dtype']:>4} {r['impl']:>17} {r['ms']:>8.4f} "
+                     f"{r['gbps']:>7.0f} {100 * r['gbps'] / copy_rate:>5.0f} "
+                     f"{r['tflops']:>7.1f}{graph}")
+    return "\n".join(lines)

@@ -8,7 +8,6 @@ region. Each call is checked against cuDNN/FA2 bf16 of the same point before it 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -183,7 +182,7 @@ def providers():
     try:
         cudnn_fp8 = _cudnn_fp8()
         table[("cudnn", "fp8e4m3")] = (_tileattn("fp8e4m3"), lambda q, k, v, causal, **d: cudnn_fp8(q, k, v, causal, **d))
-    except Exception as error:  # noqa: BLE001 - the wheel is optional (see benchmarks/gpu_session.sh)
+    except Exception as error:  # noqa: BLE001 - the wheel is optional (benchmarks/README.md)
         print(f"cudnn-frontend FP8 unavailable: {type(error).__name__}: {error}")
     try:
         flex = _flex()
@@ -207,11 +206,14 @@ def _yardstick(table, q, k, v, causal):
 
 
 def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> dict:
+    """Time the grid (or the subset asked for) and write its results file and plot
+    (common.write_results: a subset writes prefill-partial.json)."""
     device = torch.device("cuda")
     facts = device_facts(device)
     table = providers()
     if quick:
         head_dims, contexts = (128,), (1024, 4096)
+    complete = tuple(head_dims) == HEAD_DIMS and tuple(contexts) == CONTEXTS
     points = [(d, c, n) for d in head_dims for c in (False, True) for n in contexts]
     rows = []
     progress = Progress(len(points) * len(table), "prefill")
@@ -246,18 +248,23 @@ def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> di
         del q, k, v, yardstick
         torch.cuda.empty_cache()
     payload = {**facts, "batch": BATCH, "heads": HEADS, "rows": rows}
-    path = write_results("prefill", payload, out_dir)
+    path = write_results("prefill", payload, out_dir, complete)
     print(format_tables(payload))
     print(f"results: {path}")
     plot(payload, path.with_suffix(".png"))
     return payload
 
 
+def table_columns(rows: list[dict]) -> list[tuple[str, str]]:
+    """Every (impl, dtype) column in the rows, tileattn's first: the order of tables and plots."""
+    return sorted({(r["impl"], r["dtype"]) for r in rows},
+                  key=lambda c: (c[0] != "tileattn", c[0], c[1]))
+
+
 def format_tables(payload: dict) -> str:
     """One table per (D, causal): TFLOP/s per context and column, then ratios to the best peer."""
     rows = payload["rows"]
-    columns = sorted({(r["impl"], r["dtype"]) for r in rows},
-                     key=lambda c: (c[0] != "tileattn", c[0], c[1]))
+    columns = table_columns(rows)
     lines = []
     for head_dim in sorted({r["D"] for r in rows}):
         for causal in (False, True):
@@ -332,34 +339,65 @@ def format_markdown(payload: dict, contexts=(1024, 4096, 16384)) -> str:
     return "\n".join(lines)
 
 
-def plot(payload: dict, path) -> None:
-    """TFLOP/s vs context, one panel per (D, causal), one line per column."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (python -m tileattn plot <results.json> makes one)")
-        return
+def column_styles(columns: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+    """One line style per column, the same on every panel: colour by the column's place in
+    `columns` (all columns of the payload, not of one panel), solid for tileattn, dashed for
+    the peers."""
+    palette = "tab10" if len(columns) <= 10 else "tab20"
+    return {column: dict(color=(palette, index), linestyle="-" if column[0] == "tileattn" else "--",
+                         marker="o" if column[0] == "tileattn" else "s")
+            for index, column in enumerate(columns)}
+
+
+def figure(payload: dict):
+    """TFLOP/s vs context, one panel per (D, causal), one line per column; one legend for the
+    whole figure covering every column (a column missing from a panel keeps its colour on the
+    others)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
     rows = payload["rows"]
+    columns = table_columns(rows)
+    styles = {}
+    for column, style in column_styles(columns).items():
+        palette, index = style["color"]
+        styles[column] = dict(style, color=plt.get_cmap(palette)(index))
     head_dims = sorted({r["D"] for r in rows})
-    fig, axes = plt.subplots(2, len(head_dims), figsize=(5 * len(head_dims), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(head_dims), figsize=(5 * len(head_dims), 8.8), squeeze=False)
     for col, head_dim in enumerate(head_dims):
         for row_index, causal in enumerate((False, True)):
             ax = axes[row_index][col]
             here = [r for r in rows if r["D"] == head_dim and r["causal"] == causal]
-            for impl, dtype in sorted({(r["impl"], r["dtype"]) for r in here}):
-                line = sorted((r["N"], r["tflops"]) for r in here if (r["impl"], r["dtype"]) == (impl, dtype))
-                ax.plot([n for n, _ in line], [t for _, t in line], marker="o",
-                        linestyle="-" if impl == "tileattn" else "--", label=f"{impl}-{dtype}")
+            for column in columns:
+                line = sorted((r["N"], r["tflops"]) for r in here if (r["impl"], r["dtype"]) == column)
+                if line:
+                    ax.plot([n for n, _ in line], [t for _, t in line], label="-".join(column),
+                            markersize=4, **styles[column])
             ax.set_xscale("log", base=2)
             ax.set_title(f"D={head_dim} {'causal' if causal else 'non-causal'}")
             ax.set_xlabel("context")
             ax.set_ylabel("TFLOP/s")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{payload['device']} forward, B={payload['batch']} H={payload['heads']} ({payload['date']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    handles = [Line2D([], [], label="-".join(column), markersize=4, **styles[column])
+               for column in columns]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(columns), 5), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"{payload['device']} forward, B={payload['batch']} H={payload['heads']} "
+                 f"({payload['date']})")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
 
+
+def plot(payload: dict, path) -> None:
+    """figure(payload) saved as a PNG at path (skipped, with a note, without matplotlib)."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install tileattn[bench]): no plot")
+        return
+    fig = figure(payload)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")

@@ -3,7 +3,8 @@
 A `KernelLaunch` describes one launch (kernel, grid, runtime arguments, constexprs, warps and
 stages). `run()` launches it; on CUDA a repeat launch of an already compiled specialization
 skips Triton's binder and calls the compiled kernel's launcher directly, because the binder's
-host cost exceeds a short kernel's run time (docs/design.md, "Host overhead"). `bind()` turns a
+host cost exceeds a short kernel's run time (docs/design.md, "Host overhead and the call
+cache"). `bind()` turns a
 launch into a `BoundLaunch` whose tensors are given per call, for the call caches of the ops.
 The same `KernelLaunch` is what `kernels/compile.py` cross-compiles without a GPU.
 """
@@ -161,7 +162,7 @@ def on_device(device: torch.device):
 
     Triton launches on the current CUDA device. `with torch.device(...)` would also do, but it
     installs a TorchFunctionMode that sends every tensor method of the launch path through
-    Python (measured: ~15x slower .stride()), so it is avoided.
+    Python, many times slower (docs/design.md, "Host overhead and the call cache").
     """
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)

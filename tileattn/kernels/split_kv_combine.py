@@ -55,10 +55,8 @@ def mla_decode_combine_kernel(
     sequence has at most SLOTS_PER_STEP slots) one pass loads all slots' LSEs and outputs at
     once; otherwise two passes over the slots, SLOTS_PER_STEP at a time: the rows' largest
     LSE, then the weighted sum. Loads of one step are independent, so a sequence split 64 ways
-    is not 64 dependent load latencies (one program per sequence took 85 us at batch 1, H100).
-    H100 (results/2026-11-23-h100-session7/mla-combine-sweep.json): a fixed 16-slot step in
-    two passes took 38 us at batch 32 H64 with 4 slots a sequence (3/4 of each load masked,
-    low residency); the plan-sized one-pass step 6 us; 64 slots at batch 1: 11.6 -> 6.7 us."""
+    is not 64 dependent load latencies; a step sized to the plan (not a fixed 16) wastes no
+    masked loads on sequences with few slots (docs/design.md, "Combine")."""
     batch = tl.program_id(0)
     slot_start = tl.load(batch_slots_ptr + batch)
     slot_end = tl.load(batch_slots_ptr + batch + 1)
@@ -118,10 +116,9 @@ def mla_decode_combine_kernel(
                          + head * stride_lse_h, m_i + tl.log(l_safe), mask=row_valid)
 
 
-# Tile of one combine program. The same sweep: 16 rows x 32 columns with up to 64 slots a step
-# on 4 warps was fastest or tied at every plan tried but one (batch 32 H64, 4 slots: 32 rows
-# 5.0 vs 6.0 us, but 109 vs 6.7 us at batch 1 with 64 slots); 64- or 128-column blocks and
-# 8 warps ran 1.3-20x slower (more values a thread).
+# Tile of one combine program: 16 rows x 32 columns with up to 64 slots a step on 4 warps was
+# fastest or tied at every plan swept; wider blocks and 8 warps hold more values a thread and
+# ran slower (docs/design.md, "Combine").
 COMBINE_ROWS = 16
 COMBINE_COLUMNS = 32      # 16 programs per row block share MLA's 512 output columns
 COMBINE_MAX_SLOTS_PER_STEP = 64

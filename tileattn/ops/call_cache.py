@@ -3,7 +3,8 @@
 A signature holds everything the checks and the launch read besides tensor contents and
 scalar values: shapes, strides, dtypes, devices, 16-byte alignment, flags and the kernel
 settings in force. The host cost of checks plus Triton's launch path exceeds a short kernel's
-run time (docs/design.md, "Host overhead"), so repeat calls replay bound launches instead.
+run time (docs/design.md, "Host overhead and the call cache"), so repeat calls replay bound
+launches instead.
 """
 
 from __future__ import annotations

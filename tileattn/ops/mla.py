@@ -41,16 +41,19 @@ def make_plan(seq_lens, *, num_heads, q_len, page_size, kv_dtype, device, schedu
 
 
 def plan_for_config(lengths: list[int], config, *, num_heads, q_len, page_size, kv_dtype, device,
-                    kernel="triton") -> MLAPlan:
+                    kernel="triton", max_splits_per_seq: int | None = None) -> MLAPlan:
     """The plan for checked arguments, a kernel config and a kernel (make_plan takes the chip's;
-    the MLA benchmarks pass their candidates)."""
+    the MLA benchmarks pass their candidates). max_splits_per_seq: the most work items per
+    sequence (None: kernels/mla/decode.py's MAX_SPLITS_PER_SEQ; 0: no cap)."""
+    if max_splits_per_seq is None:
+        max_splits_per_seq = mla_kernels.MAX_SPLITS_PER_SEQ
     made = make_mla_plan(
         lengths, num_heads=num_heads, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype,
         head_dim_v=mla_kernels.HEAD_DIM_NOPE,
         programs_per_item=mla_kernels.programs_per_work_item(config, num_heads * q_len),
         num_sms=num_sms(device) * config.programs_per_sm, block_n=config.block_n,
         min_chunk=config.min_chunk, device=device, config=config, kernel=kernel,
-        max_items_per_seq=mla_kernels.MAX_SPLITS_PER_SEQ,
+        max_items_per_seq=max_splits_per_seq or None,
         capped_chunk_limit=mla_kernels.SPLIT_CAP_MAX_CHUNK)
     if made.num_work > mla_kernels.MAX_WORK_ITEMS:
         raise ValueError(f"seq_lens holds {len(lengths)} sequences, which split into "

@@ -11,8 +11,8 @@ import torch
 # K+V bytes of the (batch, head) pairs whose causal tiles are interleaved longest-first: small
 # enough that they stay in L2 (50 MB on H100, 40 MB on A100) while their programs run. Without
 # the groups, a wave's causal tiles come from as many heads as there are programs and every tile
-# streams its K/V from HBM: the Hopper kernel measured 388 TFLOP/s at D=128 N=16k causal, which
-# is exactly the time to read 69 GB (each tile's keys once) at 3 TB/s.
+# streams its K/V from HBM, which bounded the Hopper kernel's causal rate (docs/design.md,
+# "Persistent scheduling").
 LPT_GROUP_BYTES = 16 << 20
 LPT_MAX_HEADS = 8
 

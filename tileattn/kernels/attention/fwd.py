@@ -60,7 +60,8 @@ class TileConfig:
 
 # (arch, padded head_dim, fp8?) -> tile config. Each row must fit the chip's shared memory;
 # tests/test_cross_compile.py compiles every row for its target and checks metadata.shared.
-# sm90 rows: best of the H100 sweep (N=4096, B=4, H=32, non-causal), benchmarks/NOTES.md.
+# sm90 rows: the fastest candidate of a tile sweep (docs/design.md, "Portable forward kernel");
+# sm80 / sm89 rows are chosen to fit their shared memory, not yet measured.
 CONFIGS: dict[tuple[str, int, bool], TileConfig] = {
     ("sm90", 64, False): TileConfig(128, 64, 8, 3),
     ("sm90", 128, False): TileConfig(64, 64, 4, 3),
@@ -84,9 +85,8 @@ CONFIGS: dict[tuple[str, int, bool], TileConfig] = {
     ("cpu", 128, False): TileConfig(32, 16, 4, 1),
     ("cpu", 256, False): TileConfig(16, 16, 4, 1),
 }
-# Under a causal mask, rows that measured better than the non-causal row (H100, Z=4 H=32
-# N=4096 causal, V transposed in the call, results/2026-11-22-h100-session2/causal-ab.json):
-# FP8 D=128 (128,128,8,3) 0.899 ms vs (64,128,4,3) 0.920 ms. Non-causal it is 2% slower.
+# Under a causal mask, rows that measured faster than the non-causal row but slower without the
+# mask, so they apply to causal calls only (docs/design.md, "Portable forward kernel").
 CAUSAL_CONFIGS: dict[tuple[str, int, bool], TileConfig] = {
     ("sm90", 128, True): TileConfig(128, 128, 8, 3),
 }
@@ -97,8 +97,8 @@ SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm
 
 def padded_head_dim(head_dim: int) -> int:
     """Triton tiles are powers of two: 96 runs as 128 and 192 as 256 (padding is masked)."""
-    # Plain bit arithmetic: triton.next_power_of_2 is a JIT-wrapped helper costing ~7 us a call
-    # on the host, which short-context calls cannot afford.
+    # Plain bit arithmetic: triton.next_power_of_2 is a JIT-wrapped helper whose host cost
+    # short-context calls cannot afford (docs/design.md, "Host overhead and the call cache").
     return max(16, 1 << (head_dim - 1).bit_length())
 
 

@@ -1,9 +1,9 @@
 """Layout kernels: the K-major copy of V that FP8 P@V needs on sm89/sm90.
 
-torch's generic strided copy moves 1-byte elements through an uncoalesced gather (measured on
-H100 at ~0.45 ms for 64 MB, a quarter of an FP8 forward at N=4096); a tiled transpose reads
-rows of head_dim and writes rows of seqlen, both coalesced, with the turn done in registers and
-shared memory by the compiler.
+torch's generic strided copy moves 1-byte elements through an uncoalesced gather, many times
+slower than the bytes need (docs/design.md, "FP8 and V layout"); a tiled transpose reads rows of
+head_dim and writes rows of seqlen, both coalesced, with the turn done in registers and shared
+memory by the compiler.
 
 Pointer layouts:
     v    [batch, seqlen, heads, head_dim]  last dim contiguous (any other strides)

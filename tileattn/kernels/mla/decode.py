@@ -12,10 +12,11 @@ Two kernels:
     A work item is a contiguous chunk of one sequence's keys from the split-KV plan
     (tileattn.scheduler). A sequence with one chunk writes the final output and LSE directly;
     otherwise the chunk's normalised output and LSE go to an fp32 workspace slot.
-  * mla_decode_combine_kernel (mla_decode_combine.py) — merges a sequence's slots by their LSEs.
+  * mla_decode_combine_kernel (combine.py) — merges a sequence's slots by their LSEs.
 This file holds the partial kernel, its config table and mla_decode_launches (both kernels'
-launches, the partial one from this kernel or from the Gluon one in mla_sm90.py). Which partial
-kernel runs where, and where an FP8 cache measured slower, is in mla_decode_policy.py.
+launches, the partial one from this kernel or from the Gluon ones in sm90.py / sm90_fp8.py).
+Which partial kernel runs where, and where an FP8 cache measured slower, is decided in
+tileattn/dispatch.py (docs/design.md, "MLA decode").
 
 Pointer layouts (element strides):
     q             [batch, q_len, num_heads, 576]    last dim contiguous; row r of a program's
@@ -80,8 +81,9 @@ class MLAConfig:
     fp8_v_chunks: int = 1
 
     def __post_init__(self):
-        # H100: 64 rows x 512 V columns on 4 warps (256 fp32 accumulator registers a thread)
-        # ran 2-3x slower, and one such build (BLOCK_N 64) faulted with an illegal memory access.
+        # More accumulator values a thread (e.g. 64 rows x 512 V columns on 4 warps: 256) ran
+        # slower and one such build faulted with an illegal memory access (docs/design.md,
+        # "MLA decode").
         per_thread = self.block_m * (HEAD_DIM_NOPE // self.dv_chunks) // (32 * self.num_warps)
         if per_thread > 128:
             raise ValueError(f"an MLA config may hold at most 128 accumulator values a thread, "
@@ -106,10 +108,9 @@ class MLAConfig:
 #     KV tile's L2 traffic are paid dv_chunks times (the second read usually hits L2).
 # sm89 has 99 KB: a [block_m, 576] q plus one [block_n, 576] KV tile must fit with one stage.
 #
-# sm90 rows from the H100 sweep (results/2026-11-22-h100-session2/mla-sweep-*.json, batch 768
-# seq 2048 and batch 32 seq 8192): BLOCK_N 64 instead of 32 halves the per-tile softmax and
-# barrier overhead (H64 0.47 -> 0.61 of copy, H128 162 -> 212 TFLOP/s); 4 warps lost 2-3x at
-# 64 rows (one warpgroup holding a 64x512 fp32 accumulator; one such build faulted).
+# sm90 rows from a config sweep (docs/design.md, "MLA decode"): BLOCK_N 64 rather than 32
+# halves the per-tile softmax and barrier work per key; 64-row blocks keep 8 warps (one
+# warpgroup holding a 64x512 fp32 accumulator lost, and one such build faulted).
 CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("sm90", "split_dv"): MLAConfig("split_dv", 64, 64, 1, 8, 2, 128),
     ("sm90", "dup_qk"): MLAConfig("dup_qk", 64, 32, 2, 4, 2, 128),
@@ -125,24 +126,18 @@ CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("cpu", "dup_qk"): MLAConfig("dup_qk", 16, 16, 2, 4, 1, 16),
 }
 # Blocks of at most 32 rows (H·q_len <= 32) run on mma.sync, where one warpgroup of 4 warps
-# beat two (H16 batch 768: 0.95 of copy vs 0.76; H32: 0.88 vs 0.44), and split-KV aiming at
-# two programs per SM filled the chip better (batch 32 seq 8192 H32: 0.157 vs 0.181 ms).
+# beats two, and split-KV aims at two programs per SM to fill the chip (docs/design.md,
+# "MLA decode").
 #
-# FP8 cache on mma.sync (these rows and sm89's): both fp8_ knobs on. H100, batch 768 seq 2048,
-# results/2026-11-22-h100-session3/: re-reading V took H16 from 1.04 to 0.91 ms and fp16 MMAs
-# to 0.74 ms (H32 1.28 -> 1.18, batch 32 seq 8192 H16 0.189 -> 0.159). On the wgmma rows both
-# lost (re-read H64 1.25 -> 1.57 ms, H128 2.48 -> 2.99; fp16 +1-4%), so they stay off there.
+# FP8 cache on mma.sync (these rows and sm89's): both fp8_ knobs on; on the wgmma rows both
+# lost, so they stay off there (docs/design.md, "FP8 cache").
 #
-# fp8_v_chunks / fp8_v_asm_rows. SASS (sm90 H16 FP8 build, both loops): before, 512 LDS.U8
-# (V's mma.sync B fragment read byte by byte: V is token-major and sm90 has no 8-bit
-# ldmatrix.trans), 129 STL / 127 LDL spills, 9552 instructions; with the inline-PTX widening
-# and 4 chunks, 0 LDS.U8, LDS.128 + STS.128 + LDSM.16.MT88.4, no spills, 5688 instructions.
-# H100 (results/2026-11-22-h100-session4/mla-sweep-fp8-v.json, batch 768 seq 2048 page 64):
-#   H16 FP8: 0.754 ms (neither) / 0.614 (4 chunks) / 0.499 (asm + 4) / 0.476 (asm + 8 chunks)
-#            / 0.754 (asm, 1 chunk: its 64 KB fp16 tile leaves one program per SM); bf16 0.638.
-#   H32 FP8 (32-row blocks, asm off): 1.177 / 0.841 (4 chunks) / 0.722 (8 chunks); asm on
-#            32-row blocks (one program per SM) 0.935 with 4 chunks.
-#   batch 32 seq 8192 H16 FP8: 0.160 / 0.139 / 0.132 / 0.134 (asm + 8).
+# fp8_v_chunks / fp8_v_asm_rows: without them V's mma.sync B fragment is read from shared
+# memory byte by byte (V is token-major and sm90 has no 8-bit ldmatrix.trans; LDS.U8 in SASS)
+# and the widened tile spills. With the inline-PTX widening V is read in 16-byte rows, widened
+# in registers, stored as fp16 and read back with ldmatrix.trans; chunks keep it in registers.
+# 8 chunks measured fastest; the asm stays off for 32-row blocks, where its fp16 staging tile
+# leaves one program per SM (docs/design.md, "FP8 cache").
 SMALL_BLOCK_CONFIGS: dict[tuple[str, str], MLAConfig] = {
     ("sm90", "split_dv"): MLAConfig("split_dv", 32, 64, 1, 4, 2, 128, programs_per_sm=2,
                                     fp8_reread_v=True, fp8_in_f16=True, fp8_v_asm_rows=16,
@@ -224,9 +219,8 @@ def _attend_kv_tiles(
     for start_n in tl.range(tile_start, tile_end, BLOCK_N):
         token = start_n + offs_n
         # Any page_size works: each token finds its own page. PAGE_SIZE is a compile-time
-        # constant because a division by a runtime value cost ~30% of the bandwidth on H100
-        # (H100 run 1, batch 768: 1589 GB/s at page_size 64 vs 2293 at page_size 1, where it
-        # folds away; benchmarks/NOTES.md has the run after this change).
+        # constant because an integer division by a runtime value per token cost a large part
+        # of the bandwidth (docs/design.md, "Kernels and config rows").
         if MASKED:
             in_range = token < kv_end
             page = tl.load(page_table_row + token // PAGE_SIZE, mask=in_range, other=0)
@@ -394,13 +388,8 @@ def mla_decode_partial_kernel(
 MAX_WORK_ITEMS = 65535
 # The most work items (split-KV slots) a plan cuts one sequence into, while that keeps its items
 # at most SPLIT_CAP_MAX_CHUNK keys long: the combine merges up to 64 slots in one pass, and short
-# items pay their fixed cost (q load, rows x 512 fp32 written and read back) on few keys. H100,
-# batch 1, graph replay (results/2026-11-23-h100-session7/mla-ab-min-chunk.json, mla-ab-cap.json):
-# seq 32768 in 64 items of 512 keys vs 256 (H16/H32) or 128 (H64) shorter ones: H16 0.0378 vs
-# 0.0516 ms, H32 0.0309 vs 0.0572, H64 0.0345 vs 0.0415; but seq 131072 H16 in 64 items of 2048
-# keys 0.1258 vs 256 of 512 0.0944 (too few items for the SMs), hence the limit. At seq 8192 the
-# cap does not bind; there 64 items of 128 keys beat 32 of 256 at H16/H32/H64 (0.0178/0.0166/
-# 0.0180 vs 0.0216/0.0175/0.0184 ms) and lost at H128 (0.0221 vs 0.0199): min_chunk stays 128.
+# items pay their fixed cost (q load, rows x 512 fp32 written and read back) on few keys. Past
+# 512-key items the cap would leave SMs idle, so it lets go (docs/design.md, "Split-KV plans").
 SPLIT_CAP_MAX_CHUNK = 512
 MAX_SPLITS_PER_SEQ = COMBINE_MAX_SLOTS_PER_STEP
 

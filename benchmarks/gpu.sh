@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The GPU session runner: one command per device call, running the steps named on its command
+# line in order, from the repository root.
+#
+#   bash benchmarks/gpu.sh STEP[:ARG[:ARG...]] ...       e.g. bash benchmarks/gpu.sh tests prefill
+#
+# Steps (ARGs are passed on to the command, one word each):
+#   tests        python -m pytest tests/gpu              the fast GPU tier (the default tier)
+#   tests-full   python -m pytest tests/gpu --full       the full grid too (long: run it alone)
+#   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py
+#   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
+#   mla          python -m tileattn bench --mla          -> $OUT/<gpu>/mla.json
+#   accuracy     python -m tileattn accuracy             -> $OUT/<gpu>/accuracy.json
+#   demo, info   python -m tileattn demo / info
+#   ncu-prefill:D:COLUMN:N:CAUSAL[:--kernel:K]   Nsight Compute of one prefill launch
+#   ncu-mla:HEADS:bf16|fp8[:--batch:B:--seq-len:S]   Nsight Compute of one MLA partial launch
+#   py:SCRIPT[:ARG...]   python benchmarks/SCRIPT ARG... (its JSON lands in $OUT)
+#
+# Output goes to $OUT (the device tool returns what is there; ./gpu-session without it):
+# session.log (everything printed), results files as <gpu>/<grid>.json (a partial grid as
+# <grid>-partial.json), ncu reports, scripts' JSON. Copy a complete grid's file over
+# benchmarks/results/<gpu>/<grid>.json to commit it. Wheels in .whl/*.whl (e.g.
+# nvidia-cudnn-frontend for the cuDNN FP8 peer) are installed into /tmp/site first, and
+# /tmp/site is put on PYTHONPATH when it exists (shared/BENCHMARKS.md: FlashAttention-4).
+# STEP_TIMEOUT (seconds, default 600) bounds each step, so that a hang cannot eat the call.
+# Exit status: 0 when every step succeeded, 1 otherwise (the remaining steps still run).
+
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+  sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
+}
+if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  usage
+  [ $# -eq 0 ] && exit 2 || exit 0
+fi
+
+export OUT=${OUT:-$PWD/gpu-session}
+mkdir -p "$OUT"
+LOG="$OUT/session.log"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl 2>&1 | tail -3
+fi
+for dir in /tmp/site /tmp/site/nvidia_cutlass_dsl/dsl_packages; do
+  [ -d "$dir" ] && PYTHONPATH=$PYTHONPATH:$dir
+done
+
+# Run a command with its output on stdout and appended to the session log; its exit status.
+logged() {
+  timeout "${STEP_TIMEOUT:-600}" "$@" 2>&1 | tee -a "$LOG"
+  return "${PIPESTATUS[0]}"
+}
+
+NCU_PREFILL_METRICS=sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active
+NCU_MLA_METRICS=sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+NCU_SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy
+              --section WarpStateStats --section SchedulerStats --section InstructionStats
+              --section LaunchStats --section MemoryWorkloadAnalysis)
+NCU_SUMMARY="Duration|Registers Per|Block Size|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|pipe_|stalled|Throughput|L2 Hit|L1/TEX Hit|wavefronts"
+
+# ncu of the third launch matching a kernel regex; the report goes to $OUT/NAME.txt.
+profile() {
+  local name=$1 regex=$2 metrics=$3
+  shift 3
+  timeout "${STEP_TIMEOUT:-600}" ncu --clock-control none --launch-skip 2 --launch-count 1 \
+    -k "regex:$regex" "${NCU_SECTIONS[@]}" --metrics "$metrics" \
+    "$PY" benchmarks/profile_shape.py "$@" > "$OUT/$name.txt" 2>&1
+  local status=$?
+  grep -E "$NCU_SUMMARY" "$OUT/$name.txt" | head -40 | tee -a "$LOG"
+  return $status
+}
+
+{
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+} 2>&1 | tee -a "$LOG"
+
+status=0
+for step in "$@"; do
+  IFS=: read -r -a parts <<< "$step"
+  name=${parts[0]}
+  args=("${parts[@]:1}")
+  echo "=== $step $(date -u +%T)" | tee -a "$LOG"
+  case $name in
+    tests) logged "$PY" -m pytest -q -p no:cacheprovider tests/gpu ${args[@]+"${args[@]}"} ;;
+    tests-full) logged "$PY" -m pytest -q -p no:cacheprovider tests/gpu --full ${args[@]+"${args[@]}"} ;;
+    sanitizer) logged compute-sanitizer --tool memcheck --error-exitcode 9 \
+                 "$PY" benchmarks/sanitizer_cases.py ;;
+    prefill) logged "$PY" -m tileattn bench --out "$OUT" ${args[@]+"${args[@]}"} ;;
+    mla) logged "$PY" -m tileattn bench --mla --out "$OUT" ${args[@]+"${args[@]}"} ;;
+    accuracy) logged "$PY" -m tileattn accuracy --out "$OUT" ${args[@]+"${args[@]}"} ;;
+    demo|info) logged "$PY" -m tileattn "$name" ;;
+    ncu-prefill) profile "ncu-prefill-$(IFS=-; echo "${args[*]}")" "attention|fmha|sdpa|cudnn|flash" \
+                   "$NCU_PREFILL_METRICS" prefill ${args[@]+"${args[@]}"} ;;
+    ncu-mla) profile "ncu-mla-$(IFS=-; echo "${args[*]}")" "mla_decode_partial" \
+               "$NCU_MLA_METRICS" mla ${args[@]+"${args[@]}"} ;;
+    py) [ ${#args[@]} -gt 0 ] && logged "$PY" "benchmarks/${args[0]}" "${args[@]:1}" ;;
+    *) echo "unknown step $name (bash benchmarks/gpu.sh --help)" | tee -a "$LOG"; false ;;
+  esac
+  result=$?
+  if [ $result -ne 0 ]; then
+    echo "=== $step failed (exit $result)" | tee -a "$LOG"
+    status=1
+  fi
+done
+echo "=== done $(date -u +%T)" | tee -a "$LOG"
+exit $status
