@@ -21,7 +21,6 @@ from tileattn.kernels.cross_compile import cross_compile
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 CAPABILITY = {"sm89": (8, 9), "sm90": (9, 0)}
 BATCH, SEQLEN, HEADS = 2, 300, 4     # 3 tiles, the last one partial
-TILES = quantize.num_tiles(SEQLEN)
 
 def resources(compiled, limit):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -31,28 +30,30 @@ def resources(compiled, limit):
     return {"shared": compiled.shared_bytes, "limit": limit,
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "mma": len(re.findall(r"mma\.sync|wgmma\.mma_async", ptx)),
-            "fp8_cvt": len(re.findall(r"cvt\.rn\.satfinite\.e[45]m[23]x2", ptx))}
+            "fp8_cvt": len(re.findall(r"cvt\.rn\.satfinite\.e[45]m[23]x2", ptx)),
+            "vector_stores": len(re.findall(r"st\.global\.v[24]", ptx))}
 
 def compile_case(name, head_dim, in_dtype=torch.bfloat16, out_dtype=torch.float8_e4m3fn,
-                 rotate=True, smooth=True, own_amax=False, k_major=False):
+                 rotate=True, smooth=True, own_amax=False, k_major=False, seqlen=SEQLEN):
     cap = CAPABILITY[name]
     arch = arch_for_capability(cap)
     config = quantize.config_for(arch, head_dim)
-    x = torch.empty(BATCH, SEQLEN, HEADS, head_dim, dtype=in_dtype)
+    tiles = quantize.num_tiles(seqlen)
+    x = torch.empty(BATCH, seqlen, HEADS, head_dim, dtype=in_dtype)
     rotation = fp8.rotation_operand(head_dim, in_dtype, torch.device("cpu")) if rotate else None
-    tile_amax = torch.empty(BATCH, HEADS, TILES)
-    columns = tuple(torch.empty(BATCH, HEADS, TILES, head_dim) for _ in range(3)) if smooth else None
+    tile_amax = torch.empty(BATCH, HEADS, tiles)
+    columns = tuple(torch.empty(BATCH, HEADS, tiles, head_dim) for _ in range(3)) if smooth else None
     stats = cross_compile(quantize.tile_stats_launch(x, rotation, tile_amax, columns, config),
                           cap[0] * 10 + cap[1])
     if k_major:
-        out = torch.empty(BATCH, HEADS, head_dim, SEQLEN, dtype=out_dtype).permute(0, 3, 1, 2)
+        out = torch.empty(BATCH, HEADS, head_dim, seqlen, dtype=out_dtype).permute(0, 3, 1, 2)
     else:
-        out = torch.empty(BATCH, SEQLEN, HEADS, head_dim, dtype=out_dtype)
+        out = torch.empty(BATCH, seqlen, HEADS, head_dim, dtype=out_dtype)
     mean = torch.empty(BATCH, HEADS, head_dim) if smooth else None
-    scale = None if own_amax else torch.empty(BATCH, HEADS, TILES)
-    descale = torch.empty(BATCH, HEADS, TILES) if own_amax else None
+    scale = None if own_amax else torch.empty(BATCH, HEADS, tiles)
+    descale = torch.empty(BATCH, HEADS, tiles) if own_amax else None
     key_mean = torch.empty(BATCH, HEADS // 2, head_dim) if smooth else None
-    row_dot = torch.empty(BATCH, HEADS, SEQLEN) if smooth else None
+    row_dot = torch.empty(BATCH, HEADS, seqlen) if smooth else None
     cast = cross_compile(quantize.cast_launch(
         x, rotation, mean, scale, out, descale, descale, key_mean, row_dot,
         torch.finfo(out_dtype).max, 0.125, 1 / 64, config), cap[0] * 10 + cap[1])
@@ -68,6 +69,9 @@ variants = {
     "fp32-sm89": compile_case("sm89", 128, torch.float32),
     "fp32-sm90": compile_case("sm90", 64, torch.float32),
     "padded-96-sm90": compile_case("sm90", 96, own_amax=True),
+    # seqlen a multiple of 16: K-major rows are 16-byte aligned
+    "k-major-aligned-sm90": compile_case("sm90", 128, rotate=False, smooth=False, k_major=True,
+                                         seqlen=1024),
 }
 print(json.dumps({"rows": rows, "variants": variants}))
 '''
@@ -105,3 +109,6 @@ def test_quantize_variants_compile(compiled):
     for name, case in variants.items():
         _check(name, case, rotate=not name.startswith(("own-amax", "k-major")))
     assert variants["own-amax-sm90"]["cast"]["mma"] == 0
+    # The cast kernel writes K-major V in 16-byte vectors where rows are aligned (the layout is
+    # converted through shared memory), not byte by byte.
+    assert variants["k-major-aligned-sm90"]["cast"]["vector_stores"] > 0

@@ -102,8 +102,8 @@ def _tile_rows(x_base, stride_xs, stride_xd, offs_s, seqlen, rotation_ptr,
         y = tl.zeros([TILE_ROWS, HEAD_DIM_PAD], dtype=tl.float32)
         for chunk in tl.static_range((HEAD_DIM + ROTATE_CHUNK - 1) // ROTATE_CHUNK):
             cols = chunk * ROTATE_CHUNK + offs_c
-            x = tl.load(rows + cols[None, :] * stride_xd, mask=row_ok & (cols[None, :] < HEAD_DIM),
-                        other=0.0)
+            x = tl.load(rows + cols[None, :].to(tl.int64) * stride_xd,
+                        mask=row_ok & (cols[None, :] < HEAD_DIM), other=0.0)
             rotation = tl.load(rotation_ptr + cols[:, None] * HEAD_DIM_PAD + offs_d[None, :])
             if x.dtype == tl.float32:
                 # Two bf16 parts (x = high + low to 2^-17) on 16-bit tensor cores, each product
@@ -114,8 +114,8 @@ def _tile_rows(x_base, stride_xs, stride_xd, offs_s, seqlen, rotation_ptr,
             else:
                 y = tl.dot(x, rotation, y)
     else:
-        y = tl.load(rows + offs_d[None, :] * stride_xd, mask=row_ok & (offs_d[None, :] < HEAD_DIM),
-                    other=0.0).to(tl.float32)
+        y = tl.load(rows + offs_d[None, :].to(tl.int64) * stride_xd,
+                    mask=row_ok & (offs_d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
     return y
 
 
@@ -207,7 +207,7 @@ def fp8_cast_kernel(
                         + tile * stride_scale_t)
     x_fp8 = tl.clamp(y * scale, -fp8_max, fp8_max).to(out_ptr.dtype.element_ty)
     out = (out_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
-           + offs_s[:, None].to(tl.int64) * stride_os + offs_d[None, :] * stride_od)
+           + offs_s[:, None].to(tl.int64) * stride_os + offs_d[None, :].to(tl.int64) * stride_od)
     tl.store(out, x_fp8, mask=row_ok[:, None] & column_ok[None, :])
 
 
