@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
 E4M3 = torch.float8_e4m3fn
 SETTINGS = [dict(per="tensor"), dict(per="head", smooth_k=True), dict(per="block"),
             dict(per="block", smooth_k=True, rotate=True), dict(per="tensor", rotate=True),
-            dict(per="block", block_size=(256, 384), smooth_k=True)]
+            dict(per="block", block_size=(256, 384), smooth_k=True),
+            dict(per="head", smooth_k=True, rotate=True, dtype=torch.float8_e5m2)]
 HEAD_DIMS = [64, 96, 128, 192, 256]
 
 
