@@ -280,9 +280,10 @@ def _quantize(x, *, dtype, per, kernels, block_rows=SCALE_BLOCK, smooth=False, r
         if smooth:
             column_sum, column_max, column_min = column_stats
             mean = (column_sum.double().sum(dim=2) / seqlen).to(torch.float32)
-            centre = mean[:, :, None, :]
-            # Rounding is monotonic: max |y - m| over a column is max(colmax - m, m - colmin).
-            tile_amax = torch.maximum(column_max - centre, centre - column_min).amax(dim=3)
+            if not own_amax:
+                # Rounding is monotonic: max |y - m| over a column is max(colmax - m, m - colmin).
+                centre = mean[:, :, None, :]
+                tile_amax = torch.maximum(column_max - centre, centre - column_min).amax(dim=3)
     tile_scale = descale = None
     if not own_amax:
         scale, descale = quantize.scales_from_amax(
