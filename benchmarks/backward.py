@@ -27,7 +27,7 @@ from tileattn.arch import arch_of
 from tileattn.bench.common import Progress, device_facts, spin_up, time_ms
 from tileattn.bench.prefill import BATCH, FLEX_CONTEXTS, HEADS
 from tileattn.bench.prefill import flops as forward_flops
-from tileattn.kernels.attention_bwd import attention_backward
+from tileattn.kernels.attention.bwd import attention_backward
 
 HEAD_DIMS = (64, 128)
 CONTEXTS = (1024, 4096, 16384)
@@ -210,7 +210,7 @@ DQ_CANDIDATES = [(128, 64, 8, 2), (128, 32, 4, 3), (128, 32, 8, 2), (64, 64, 4, 
 def sweep(path: pathlib.Path, context: int = 4096) -> dict:
     """Time candidate rows of DKDV_CONFIGS (default, atomic dQ) and DQ_CONFIGS (deterministic,
     with the table's dK/dV row) at Z=4 H=32 bf16; results written to path for the table."""
-    from tileattn.kernels import attention_bwd
+    from tileattn.kernels.attention import bwd as attention_bwd
     from tileattn.kernels.attention_fwd import TileConfig
     device = torch.device("cuda")
     arch = arch_of(device)

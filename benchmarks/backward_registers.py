@@ -20,7 +20,7 @@ import torch
 from triton.backends.nvidia.compiler import get_ptxas
 
 from tileattn.arch import arch_for_capability
-from tileattn.kernels import attention_bwd
+from tileattn.kernels.attention import bwd as attention_bwd
 from tileattn.kernels.attention_fwd import TileConfig
 from tileattn.kernels.compile import cross_compile
 

@@ -13,8 +13,8 @@ import numbers
 import numpy as np
 import torch
 
-from . import fp8
 from .arch import FP8_DTYPES
+from .kernels.attention.layout import is_k_major
 from .kernels.runtime import interpreter_active
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -182,7 +182,7 @@ def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype
         if x.stride(3) != 1 and x.numel() > 0:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides "
                              f"{x.stride()}")
-    if v.stride(3) != 1 and not fp8.is_k_major(v) and v.numel() > 0:
+    if v.stride(3) != 1 and not is_k_major(v) and v.numel() > 0:
         raise ValueError(f"v must have a contiguous last dim or a contiguous seqlen dim "
                          f"(tileattn.prepare_v), got strides {v.stride()}")
 

@@ -38,6 +38,7 @@ class CompiledKernel:
     shared_bytes: int
     num_regs: int | None
     ptx: str
+    cubin: bytes = b""         # for cuobjdump -res-usage (registers, spill stack)
 
 
 def _argument_type(value, path: tuple[int, ...], constants: dict, attrs: dict):
@@ -85,6 +86,7 @@ def cross_compile(launch: KernelLaunch, capability: int) -> CompiledKernel:
         shared_bytes=compiled.metadata.shared,
         num_regs=getattr(compiled, "n_regs", None),
         ptx=compiled.asm["ptx"],
+        cubin=compiled.asm.get("cubin", b""),
     )
 
 

@@ -54,3 +54,8 @@ def transpose_v_launch(v: torch.Tensor, out: torch.Tensor) -> KernelLaunch:
                       BLOCK_S=BLOCK_S)
     grid = (-(-seqlen // BLOCK_S), batch * num_heads)
     return KernelLaunch(transpose_v_kernel, grid, args, constexprs, num_warps=4, num_stages=1)
+
+
+def is_k_major(v: torch.Tensor) -> bool:
+    """V [B, S, H, D] whose sequence dim is contiguous (what FP8 P@V wants on sm89/sm90)."""
+    return v.stride(1) == 1 and v.stride(3) != 1
