@@ -31,7 +31,7 @@ import torch
 
 import tileattn
 from tileattn.fp8 import dequantize
-from tileattn.kernels import interpreter_active
+from tileattn.kernels.runtime import interpreter_active
 from tileattn.reference import attention_reference
 
 SETTINGS = {
