@@ -85,7 +85,7 @@ def _info(args) -> None:
     if arch.has_wgmma:
         from tileattn.kernels.attention import sm90 as attention_sm90
         print("  fp16/bf16, non-causal, D 128/256, >= 4096 keys: Hopper Gluon kernel "
-              f"{ {d: attention_sm90.CONFIGS[(d, False)] for d in (128, 256)} } "
+              f"{ {d: attention_sm90.CONFIGS[d] for d in (128, 256)} } "
               f"(TILEATTN_KERNEL={os.environ.get('TILEATTN_KERNEL', 'auto')})")
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         print(f"  {dtype}: V made K-major: {v_needs_k_major(arch, dtype)}")

@@ -1,8 +1,8 @@
 """The Hopper Gluon kernel against the portable Triton kernel and cuDNN, on an sm90 GPU.
 
-Z=4, H=32, N in {1024, 4096, 16384}, D in {64, 128, 256}, causal or not; bf16 and fp8 e4m3.
-FP8 rows time the kernels on a pre-transposed (K-major) V, as a user of prepare_v would call
-them; cuDNN runs bf16.
+Z=4, H=32, N in {1024, 4096, 16384}, D in {64, 128, 256}, causal or not; bf16, and fp8 e4m3 for
+the portable kernel (the Gluon kernel takes 16-bit inputs only). FP8 rows time the kernel on a
+pre-transposed (K-major) V, as a user of prepare_v would call it; cuDNN runs bf16.
 Each call's output is first checked against cuDNN bf16 on the same (dequantized) inputs.
 
     python -m tileattn.bench.sm90_sweep [--out DIR] [--budget-s SECONDS]
@@ -35,8 +35,10 @@ def providers(q, k, v, descales, causal, is_fp8):
     out = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16)
     lse = None
     d = descales if is_fp8 else (None, None, None)
-    launch = attention_sm90.attention_sm90_launch(q, k, v, out, lse, *d, scale, causal)
-    runs = {"sm90": lambda: (launch.run(), out)[1]}
+    runs = {}
+    if not is_fp8:
+        launch = attention_sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal)
+        runs["sm90"] = lambda: (launch.run(), out)[1]
     portable = attention_fwd.attention_launch(q, k, v, out, lse, *d, scale, causal, arch_of(q.device))
     runs["portable"] = lambda: (portable.run(), out)[1]
     return runs
@@ -93,14 +95,11 @@ def sweep(budget_s: float, out_dir: pathlib.Path, contexts=CONTEXTS,
     return {**facts, "rows": rows}
 
 
-# Candidate configs per (head_dim, fp8?) for --configs (each compiled for sm90 without spills).
+# Candidate configs per head_dim for --configs (each compiled for sm90 without spills).
 CANDIDATES = {  # (block_n, num_stages, split): lockstep vs ping-pong consumers per table row
-    (64, False): [(128, 3, False), (128, 3, True)],
-    (128, False): [(128, 2, False), (128, 2, True)],
-    (256, False): [(64, 2, False), (64, 2, True)],
-    (64, True): [(128, 3, False), (128, 3, True)],
-    (128, True): [(128, 3, False), (128, 3, True)],
-    (256, True): [(64, 3, False), (64, 3, True)],
+    64: [(128, 3, False), (128, 3, True)],
+    128: [(128, 2, False), (128, 2, True)],
+    256: [(64, 2, False), (64, 2, True)],
 }
 
 
@@ -109,29 +108,23 @@ def config_sweep(out_dir: pathlib.Path, candidates=None, contexts=(4096, 16384),
     """TFLOP/s of each candidate config (default CANDIDATES), beside cuDNN bf16 on the same
     inputs; each candidate's output is checked against the first one's."""
     rows = []
-    for (head_dim, is_fp8), configs in (candidates or CANDIDATES).items():
+    for head_dim, configs in (candidates or CANDIDATES).items():
         for context in contexts:
             for causal in causal_values:
                 shape = (BATCH, context, HEADS, head_dim)
                 x = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
                 cudnn = flops(context, head_dim, causal) / time_ms(lambda: cudnn_bf16(*x, causal)) / 1e9
-                if is_fp8:
-                    quantized = [quantize_fp8(t) for t in x]
-                    q, k, v = (t for t, _ in quantized)
-                    v = prepare_v(v)
-                    descales = tuple(s for _, s in quantized)
-                else:
-                    (q, k, v), descales = x, (None,) * 3
+                q, k, v = x
                 out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
                 first = None
                 for block_n, stages, split in configs:
                     config = attention_sm90.Sm90Config(block_n, stages, split=split)
-                    row = {"head_dim": head_dim, "fp8": is_fp8, "context": context,
+                    row = {"head_dim": head_dim, "context": context,
                            "causal": causal, "block_n": block_n, "stages": stages, "split": split,
                            "cudnn-bf16": cudnn}
                     try:
                         launch = attention_sm90.attention_sm90_launch(
-                            q, k, v, out, None, *descales, head_dim ** -0.5, causal, config=config)
+                            q, k, v, out, None, head_dim ** -0.5, causal, config=config)
                         launch.run()
                         got = out.float()
                         if first is None:
@@ -147,7 +140,7 @@ def config_sweep(out_dir: pathlib.Path, candidates=None, contexts=(4096, 16384),
 
 
 def table(result: dict) -> str:
-    cols = ["sm90-bf16", "portable-bf16", "cudnn-bf16", "sm90-fp8e4m3", "portable-fp8e4m3"]
+    cols = ["sm90-bf16", "portable-bf16", "cudnn-bf16", "portable-fp8e4m3"]
     lines = ["| D | N | causal | " + " | ".join(cols) + " |", "|" + "---|" * (3 + len(cols))]
     for row in result["rows"]:
         cells = [f"{row[c]:.0f}" if row.get(c) else "-" for c in cols]

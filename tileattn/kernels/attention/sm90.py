@@ -55,7 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ...arch import FP8_DTYPES, num_sms
+from ...arch import num_sms
 from ...scheduler import heads_per_group, prefill_work_lists
 from .fwd import padded_head_dim
 from .sm90_consumers import _consumer_partition, _tile_coords
@@ -86,22 +86,17 @@ class Sm90Config:
 # (tests/test_sm90_cross_compile.py checks metadata.shared). 16-bit rows use the
 # ping-pong consumers (H100: +27% at D=128 N=16k, benchmarks/NOTES.md); FP8 rows keep the
 # lockstep consumer until ping-pong FP8 has passed the GPU tests (it timed 3-7% faster).
-CONFIGS: dict[tuple[int, bool], Sm90Config] = {
-    (64, False): Sm90Config(128, 3, split=True),
-    (128, False): Sm90Config(128, 2, split=True),
-    (256, False): Sm90Config(64, 2, split=True),
-    (64, True): Sm90Config(128, 3),
-    (128, True): Sm90Config(128, 3),
-    (256, True): Sm90Config(64, 3),   # BLOCK_N=128 spills (288 B of stack at 240 registers)
+CONFIGS: dict[int, Sm90Config] = {
+    64: Sm90Config(128, 3, split=True),
+    128: Sm90Config(128, 2, split=True),
+    256: Sm90Config(64, 2, split=True),
 }
 
 
-
-
-def config_for(head_dim: int, head_dim_v: int, is_fp8: bool) -> Sm90Config:
+def config_for(head_dim: int, head_dim_v: int) -> Sm90Config:
     """The CONFIGS row for these head dims: the one of the larger padded dim (a row fits its
     dim for Q, K and V alike, so it fits any pair no wider)."""
-    return CONFIGS[(max(padded_head_dim(head_dim), padded_head_dim(head_dim_v)), is_fp8)]
+    return CONFIGS[max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +108,7 @@ def _loader_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, 
                       seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                       q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr):
+                      CAUSAL: gl.constexpr):
     kv_count = 0
     tile_count = 0
     for t in range(gl.load(tile_starts_ptr + gl.program_id(0)),
@@ -135,12 +130,8 @@ def _loader_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, 
                                             k_ready.index(stage), k_smem.index(stage))
             mbarrier.wait(v_empty.index(stage), phase ^ 1)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            if V_K_MAJOR:
-                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, 0, j * BLOCK_N],
-                                                v_ready.index(stage), v_smem.index(stage))
-            else:
-                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * BLOCK_N, 0],
-                                                v_ready.index(stage), v_smem.index(stage))
+            tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * BLOCK_N, 0],
+                                            v_ready.index(stage), v_smem.index(stage))
             kv_count += 1
         tile_count += 1
 
@@ -149,15 +140,9 @@ def _loader_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, 
 def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                         stride_q_descale_b, stride_q_descale_h,
-                         stride_k_descale_b, stride_k_descale_h,
-                         stride_v_descale_b, stride_v_descale_h,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                         HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                         SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
+                         OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                         RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                        k_desc.layout)
@@ -186,7 +171,7 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
     loader_args = (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                    seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)
+                   BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)
     # (Gluon needs each partition's constexprs spelled out: tuples built in the kernel lose them.
     # A shared tuple of the runtime arguments plus `+ (HALF, PINGPONG, ...)` fails to compile in
     # Triton 3.6 even with gl.constexpr(...) literals, hence the three spelled-out lists.)
@@ -194,29 +179,20 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
         gl.warp_specialize([
             (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
-                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
-                                   V_KEYS_GROUPED)),
+                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, RETURN_LSE, ROWS)),
             (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
-                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
-                                   V_KEYS_GROUPED)),
+                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, RETURN_LSE, ROWS)),
             (_loader_partition, loader_args),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                                    seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
-                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                                    q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
-                                   V_KEYS_GROUPED)),
+                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, RETURN_LSE, ROWS)),
             (_loader_partition, loader_args),
         ], [1], [LOADER_REGS])
 
@@ -227,24 +203,14 @@ def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_head
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                           seqlen_q, seqlen_k, softmax_scale_log2,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                          q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                          stride_q_descale_b, stride_q_descale_h,
-                          stride_k_descale_b, stride_k_descale_h,
-                          stride_v_descale_b, stride_v_descale_h,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                          OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                          HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr):
+                          OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                          RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr):
     _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                          seqlen_q, seqlen_k, softmax_scale_log2,
                          q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                         stride_q_descale_b, stride_q_descale_h,
-                         stride_k_descale_b, stride_k_descale_h,
-                         stride_v_descale_b, stride_v_descale_h,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS, V_KEYS_GROUPED)
+                         BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, RETURN_LSE, SPLIT,
+                         LOADER_REGS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,12 +233,6 @@ def _descriptor(x: torch.Tensor, block_shape: list[int],
                             _shared_layout(tuple(block_shape), x.dtype))
 
 
-def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
-    if descale is None or descale.dim() == 0:
-        return descale, 0, 0
-    return descale, descale.stride(0), descale.stride(1)
-
-
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """Whether attention_sm90_launch handles these (already validated) inputs: 16-bit, V
     row-major, strides TMA can address. Every head-dim pair attention() accepts has a config
@@ -282,16 +242,14 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
     return all(tma_ready(x, (0, 1, 2)) for x in (q, k, v))
 
 
-def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                          softmax_scale: float, causal: bool, *, config: Sm90Config | None = None,
+def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
+                          config: Sm90Config | None = None,
                           num_programs: int | None = None) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-    is_fp8 = q.dtype in FP8_DTYPES
-    config = config or config_for(head_dim, head_dim_v, is_fp8)
+    config = config or config_for(head_dim, head_dim_v)
     block_m = config.block_m
-    v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     block_n = config.block_n
     # Tiles span the head dims padded to powers of two (96 -> 128, 192 -> 256).
     dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
@@ -300,10 +258,7 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     # and past the head dim (the padding).
     q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim])
-    if v_k_major:
-        v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, dim_v, block_n])
-    else:
-        v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
+    v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
 
     num_m_blocks = -(-seqlen_q // block_m)
     num_tiles = num_m_blocks * batch * num_q_heads
@@ -311,25 +266,18 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     group_heads = heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size())
     tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
                                                programs, q.device, group_heads)
-    q_descale, sqb, sqh = _descale_args(q_descale)
-    k_descale, skb, skh = _descale_args(k_descale)
-    v_descale, svb, svh = _descale_args(v_descale)
     args = dict(
         tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts, num_m_blocks=num_m_blocks,
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale_log2=softmax_scale * LOG2_E,
         q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
         out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        lse_ptr=lse, q_descale_ptr=q_descale, k_descale_ptr=k_descale, v_descale_ptr=v_descale,
-        stride_q_descale_b=sqb, stride_q_descale_h=sqh,
-        stride_k_descale_b=skb, stride_k_descale_h=skh,
-        stride_v_descale_b=svb, stride_v_descale_h=svh,
+        lse_ptr=lse,
     )
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim, OUT_DIM=head_dim_v,
         NUM_STAGES=config.num_stages,
-        CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        SPLIT=config.split, LOADER_REGS=LOADER_REGS, V_KEYS_GROUPED=False,
+        CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, LOADER_REGS=LOADER_REGS,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
@@ -340,6 +288,6 @@ def bind_attention(causal: bool):
     the tensor descriptors by dtype, block shape and layout, as Triton specializes them); only
     the descriptors are rebuilt, since they hold the tensors' addresses."""
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float) -> None:
-        attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                              softmax_scale, causal).run()
+        # The descales are the call cache's uniform replay interface: None here (16-bit only).
+        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal).run()
     return run

@@ -13,7 +13,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+    mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
 from ..gluon_common import online_softmax
 
@@ -48,27 +48,15 @@ def _k_operand(k_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-               V_K_MAJOR: gl.constexpr):
-    """V [BLOCK_N, HEAD_DIM_V] (V's padded head dim): a K-major view of a [HEAD_DIM_V, BLOCK_N]
-    tile, or the tile itself."""
-    if V_K_MAJOR:
-        return v_smem.index(stage).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0))
-    else:
-        return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
+def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr):
+    """V [BLOCK_N, HEAD_DIM_V] (V's padded head dim): the row-major tile itself."""
+    return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
 
 
 @gluon.jit
-def _p_operand(p_f32, P_DTYPE: gl.constexpr, p_layout: gl.constexpr, ROWS: gl.constexpr,
-               BLOCK_N: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """P as the register A operand of P @ V. With V in grouped key order (kernels/layout.py)
-    its columns are reordered to match, which makes the layout conversion a register renaming
-    for FP8 (sm90 PTX, D=128: 74 -> 26 shfl, 384 -> 144 prmt)."""
-    p = p_f32.to(P_DTYPE)
-    if V_KEYS_GROUPED:
-        p = p.reshape([ROWS, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
-        p = p.reshape([ROWS, BLOCK_N])
-    return gl.convert_layout(p, p_layout)
+def _p_operand(p_f32, P_DTYPE: gl.constexpr, p_layout: gl.constexpr):
+    """P as the register A operand of P @ V."""
+    return gl.convert_layout(p_f32.to(P_DTYPE), p_layout)
 
 
 @gluon.jit
@@ -107,11 +95,11 @@ def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn
                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         HEAD_DIM_V: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, P_DTYPE: gl.constexpr,
                         MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                        HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+                        HALF: gl.constexpr, PINGPONG: gl.constexpr):
     """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
-    The loop carries P_{j-1} (16-bit: see _attend_tile)."""
+    The loop carries P_{j-1}."""
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for j in range(block_start, block_end):
         stage = kv_count % NUM_STAGES
@@ -121,7 +109,7 @@ def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn
         turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
         s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM), s_zero,
                           use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
+        acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V), acc,
                             is_async=True)
         _pass_turn(turn_bars, HALF, PINGPONG)
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
@@ -133,56 +121,11 @@ def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev_stage), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p = _p_operand(p_f32, P_DTYPE, p_layout, BLOCK_M, BLOCK_N, V_KEYS_GROUPED)
+        p = _p_operand(p_f32, P_DTYPE, p_layout)
         prev_stage = stage
         prev_phase = phase
         kv_count += 1
     return acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count
-
-
-@gluon.jit
-def _key_blocks_carry_s(acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-                        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                        block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
-                        s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                        HEAD_DIM_V: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                        MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                        HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """Key blocks j in [block_start, block_end), each followed by block j + 1: the softmax of
-    S_j (in s, from ring slot `stage`) runs while P_{j-1} V_{j-1} is in flight, then
-    S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together.
-
-    P is made and consumed within one iteration: the loop carries fp32 S, never P (FP8: see
-    _attend_tile)."""
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    for j in range(block_start, block_end):
-        p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, j * BLOCK_N,
-                                                 seqlen_k, causal_shift, s_layout, BLOCK_N,
-                                                 MASKED, CAUSAL)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        # V_{j-1} sits in the slot before S_j's; block 0 has no P V before it.
-        mbarrier.arrive(v_empty.index((stage + NUM_STAGES - 1) % NUM_STAGES), count=1, pred=j > 0)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p = _p_operand(p_f32, P_DTYPE, p_layout, BLOCK_M, BLOCK_N, V_KEYS_GROUPED)
-        next_stage = kv_count % NUM_STAGES
-        next_phase = (kv_count // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(next_stage), next_phase)
-        mbarrier.wait(v_ready.index(stage), phase)
-        turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-        s = warpgroup_mma(q_op, _k_operand(k_smem, next_stage, BLOCK_N, HEAD_DIM), s_zero,
-                          use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
-                            is_async=True)
-        _pass_turn(turn_bars, HALF, PINGPONG)
-        # wgmma groups retire in order: one left in flight means S_{j+1} is done, P V is not.
-        s = warpgroup_mma_wait(1, deps=(s,))
-        mbarrier.arrive(k_empty.index(next_stage), count=1)
-        stage = next_stage
-        phase = next_phase
-        kv_count += 1
-    return acc, s, m_i, l_i, kv_count, stage, phase, turn_count
 
 
 @gluon.jit
@@ -206,12 +149,12 @@ def _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty, turn_bars,
 
 @gluon.jit
 def _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty, turn_bars,
-             BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr, V_K_MAJOR: gl.constexpr,
+             BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              HALF: gl.constexpr, PINGPONG: gl.constexpr):
     """O += P V for a tile's last block, alone, waited for: (acc, turn)."""
     mbarrier.wait(v_ready.index(stage), phase)
     turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
+    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V), acc,
                         is_async=True)
     _pass_turn(turn_bars, HALF, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -220,16 +163,16 @@ def _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty, turn_ba
 
 
 @gluon.jit
-def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
                          k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
                          qk_scale, rows, seqlen_k, causal_shift,
                          s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                          ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                          HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr,
-                         V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
-                         HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
-    """A tile's key blocks, the loop carrying P (block 0 peeled)."""
+                         P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
+                         HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """The key blocks of one tile (num_blocks >= 1), the loop carrying P (block 0 peeled);
+    releases Q after its last S."""
     # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
     # once per tile) so that tiles whose first block crosses the diagonal need no branch.
     s, stage, phase, turn_count = _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty,
@@ -237,112 +180,25 @@ def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_sm
                                            NUM_STAGES, HALF, PINGPONG)
     p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
                                              causal_shift, s_layout, BLOCK_N, True, CAUSAL)
-    p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
+    p = _p_operand(p_f32, P_DTYPE, p_layout)
     kv_count += 1
     acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
         acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
         1, num_full, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES,
+        P_DTYPE, False, CAUSAL, HALF, PINGPONG)
     acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
         acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
         gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES,
+        P_DTYPE, True, CAUSAL, HALF, PINGPONG)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(q_empty, count=1)
     acc, turn_count = _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty,
-                               turn_bars, BLOCK_N, HEAD_DIM_V, V_K_MAJOR, HALF, PINGPONG)
-    return acc, m_i, l_i, kv_count, turn_count
-
-
-@gluon.jit
-def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                         qk_scale, rows, seqlen_k, causal_shift,
-                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr,
-                         V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
-                         HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
-    """A tile's key blocks, the loop carrying S (the last block peeled)."""
-    # S_0 alone; then blocks 0 .. last-1 (unmasked while every row sees the whole
-    # block, masked after), each issuing the next S with its own P V; then the last.
-    s, stage, phase, turn_count = _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty,
-                                           turn_bars, s_layout, ROWS, BLOCK_N, HEAD_DIM,
-                                           NUM_STAGES, HALF, PINGPONG)
-    kv_count += 1
-    # O is an in-flight wgmma accumulator across the loops: each iteration's P V runs
-    # on under the next iteration's softmax.
-    acc = warpgroup_mma_init(acc)
-    last = num_blocks - 1
-    unmasked_end = gl.minimum(num_full, last)
-    acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
-        acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-        0, unmasked_end, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-    acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
-        acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-        unmasked_end, last, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-    # Q is free once the last S is computed: the loader may fetch the next tile's Q
-    # while the last P V and the epilogue run.
-    mbarrier.arrive(q_empty, count=1)
-    p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, last * BLOCK_N,
-                                             seqlen_k, causal_shift, s_layout, BLOCK_N,
-                                             True, CAUSAL)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(v_empty.index((stage + NUM_STAGES - 1) % NUM_STAGES), count=1,
-                    pred=last > 0)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
-    acc, turn_count = _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty,
-                               turn_bars, BLOCK_N, HEAD_DIM_V, V_K_MAJOR, HALF, PINGPONG)
-    return acc, m_i, l_i, kv_count, turn_count
-
-
-@gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                 k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                 qk_scale, rows, seqlen_k, causal_shift,
-                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                 ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                 P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr, HALF: gl.constexpr,
-                 PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """The key blocks of one tile (num_blocks >= 1); releases Q after its last S.
-
-    Each key-loop iteration overlaps one block's softmax with the previous block's P V. Where
-    the loop turns over decides what it carries:
-    - FP8 carries S (fp32). A loop-carried FP8 P is split into one register per byte and
-      repacked before its wgmma, ~200 PRMT/LOP3/SHF per iteration at D=128, 30% of the loop;
-      carrying S instead cuts the D=128 key loop from 679 to 491 SASS instructions (640 to 459
-      with grouped V keys; benchmarks/NOTES.md, session 8). NOT GPU-run yet: FP8 takes this
-      kernel only under TILEATTN_KERNEL=sm90.
-    - 16-bit carries P: same loop length either way (495 at D=128), and this is the
-      structure measured on the GPU."""
-    if P_DTYPE.primitive_bitwidth == 8:
-        acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_s(
-            acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-            k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-            qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF,
-            PINGPONG, V_KEYS_GROUPED)
-    else:
-        acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_p(
-            acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-            k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-            qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF,
-            PINGPONG, V_KEYS_GROUPED)
+                               turn_bars, BLOCK_N, HEAD_DIM_V, HALF, PINGPONG)
     return acc, m_i, l_i, kv_count, turn_count
 
 
@@ -350,26 +206,19 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_em
 def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                         seqlen_q, seqlen_k, softmax_scale_log2,
                         out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                        q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                        stride_q_descale_b, stride_q_descale_h,
-                        stride_k_descale_b, stride_k_descale_h,
-                        stride_v_descale_b, stride_v_descale_h,
                         q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                         turn_bars, HALF: gl.constexpr, PINGPONG: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         OUT_DIM: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                        HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                        ROWS: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                        RETURN_LSE: gl.constexpr, ROWS: gl.constexpr):
     """Rows [HALF * ROWS, (HALF + 1) * ROWS) of each BLOCK_M tile, on ROWS // 16 warps.
     HEAD_DIM: Q/K's head dim padded to a power of two (TMA zero-fills the padding); V's padded
     head dim is its tile's; OUT_DIM: V's head dim, the output columns stored."""
     NUM_WARPS: gl.constexpr = ROWS // 16
-    HEAD_DIM_V: gl.constexpr = v_smem.shape[3] if V_K_MAJOR else v_smem.shape[4]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[4]
     dtype: gl.constexpr = q_smem.dtype
-    # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2 (one more mantissa bit; wgmma
-    # takes mixed FP8 operands).
-    P_DTYPE: gl.constexpr = gl.float8e4nv if dtype == gl.float8e5 else dtype
+    P_DTYPE: gl.constexpr = dtype
     K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
     INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
     # Warps tile the rows: each warpgroup owns 64 contiguous query rows of the tile.
@@ -391,11 +240,6 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
             tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
             BLOCK_M, BLOCK_N, CAUSAL)
         qk_scale = softmax_scale_log2
-        v_scale = 1.0
-        if HAS_DESCALE:
-            qk_scale *= gl.load(q_descale_ptr + batch * stride_q_descale_b + head * stride_q_descale_h)
-            qk_scale *= gl.load(k_descale_ptr + batch * stride_k_descale_b + kv_head * stride_k_descale_h)
-            v_scale = gl.load(v_descale_ptr + batch * stride_v_descale_b + kv_head * stride_v_descale_h)
         rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=row_layout)
 
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
@@ -407,14 +251,14 @@ def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads
                 acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
                 k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
                 qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-                ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL,
-                HALF, PINGPONG, V_KEYS_GROUPED)
+                ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, P_DTYPE, CAUSAL,
+                HALF, PINGPONG)
         else:
             mbarrier.arrive(q_empty, count=1)
 
         # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
         l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-        acc = acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout)), 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout)), 1)
         out_rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         out_cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
         out_ptrs = (out_ptr + batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
