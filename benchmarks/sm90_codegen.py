@@ -17,6 +17,12 @@ holds of:
   regs-renamed   the same after a one-to-one renaming of registers (R, UR, P, UP), per
                  function, in order of first use, on top of the above;
   DIFFERENT      none of these: the instruction sequences differ (a unified diff follows).
+                 "DIFFERENT (immediates, NOPs)" says that the difference vanishes when every
+                 immediate (shared-memory offsets, branch targets, constants) is masked and
+                 NOPs are dropped: same instructions, other addresses. Still a difference; the
+                 line after it counts the changed immediates by how much they moved (e.g.
+                 "imm -0x10 x46": 46 immediates 16 lower, as when every shared-memory offset
+                 past some buffer moves down) and the NOPs before and after.
 The PTX is compared the same way (parameter names and virtual registers renamed one to one,
 parameter declarations dropped) and its verdict printed beside the SASS one.
 """
@@ -49,7 +55,8 @@ def attention_cases():
     def launch(dtype, head_dim, head_dim_v, causal, split, ones=False):
         # ones: every size 1 (one query, one key, one head, no lse), so that Triton folds the
         # integer arguments equal to 1 into constants and lse_ptr is None.
-        batch, seqlen_q, seqlen_k, heads, kv_heads = (1, 1, 1, 1, 1) if ones else (2, 1000, 1024, 4, 2)
+        sizes = (1, 1, 1, 1, 1) if ones else (2, 1000, 1024, 4, 2)
+        batch, seqlen_q, seqlen_k, heads, kv_heads = sizes
         q = torch.empty(batch, seqlen_q, heads, head_dim, dtype=dtype)
         k = torch.empty(batch, seqlen_k, kv_heads, head_dim, dtype=dtype)
         v = torch.empty(batch, seqlen_k, kv_heads, head_dim_v, dtype=dtype)
@@ -107,9 +114,9 @@ def mla_cases():
         out = torch.empty(batch, q_len, num_heads, 512, dtype=dtype)
         lse = torch.empty(batch, q_len, num_heads)
         if kv_dtype == torch.float8_e4m3fn:
-            return mla_sm90_fp8.mla_sm90_fp8_launch(
-                q, kv, page_table, seq_lens, torch.ones((), dtype=torch.float32) if descale else None,
-                out, lse, plan, 0.1)
+            kv_descale = torch.ones((), dtype=torch.float32) if descale else None
+            return mla_sm90_fp8.mla_sm90_fp8_launch(q, kv, page_table, seq_lens, kv_descale, out,
+                                                    lse, plan, 0.1)
         return mla_sm90.mla_sm90_launch(q, kv, page_table, seq_lens, out, lse, plan, 0.1)
 
     cases = {}
@@ -231,18 +238,39 @@ def ptx_levels(text: str) -> list[list[str]]:
 VERDICTS = ["identical", "params-renamed", "regs-renamed"]
 
 
+def _mask_immediates(lines: list[str]) -> list[str]:
+    return [re.sub(r"0x[0-9a-f]+", "IMM", line) for line in lines if line != "NOP"]
+
+
+def immediate_shifts(before: list[str], after: list[str]) -> str:
+    """For two instruction lists equal up to immediates and NOPs: how the immediates moved."""
+    shifts: dict[str, int] = {}
+    old_code = [line for line in before if line != "NOP"]
+    new_code = [line for line in after if line != "NOP"]
+    for old, new in zip(old_code, new_code):
+        for a, b in zip(re.findall(r"0x[0-9a-f]+", old), re.findall(r"0x[0-9a-f]+", new)):
+            if a != b:
+                kind = "branch target" if "BRA " in old else "imm"
+                key = f"{kind} {int(b, 16) - int(a, 16):+#x}"
+                shifts[key] = shifts.get(key, 0) + 1
+    nops = f"NOPs {before.count('NOP')} -> {after.count('NOP')}"
+    return ", ".join([f"{key} x{count}" for key, count in sorted(shifts.items())] + [nops])
+
+
 def verdict(before: list[list[str]], after: list[list[str]]) -> tuple[str, list[str]]:
     for name, old, new in zip(VERDICTS, before, after):
         if old == new:
             return name, []
-    return "DIFFERENT", list(difflib.unified_diff(before[-1], after[-1], "before", "after",
-                                                  lineterm="", n=2))
+    diff = list(difflib.unified_diff(before[-1], after[-1], "before", "after", lineterm="", n=2))
+    if _mask_immediates(before[-1]) == _mask_immediates(after[-1]):
+        return "DIFFERENT (immediates, NOPs)", [immediate_shifts(before[-1], after[-1])]
+    return "DIFFERENT", diff
 
 
 def compare(before_dir: pathlib.Path, after_dir: pathlib.Path, show: int = 40) -> int:
     names = sorted(p.stem for p in before_dir.glob("*.sass"))
     failures = 0
-    print(f"{'case':52s} {'SASS':15s} {'PTX':15s} SASS instructions")
+    print(f"{'case':52s} {'SASS':28s} {'PTX':15s} SASS instructions")
     for name in names:
         after_sass = after_dir / f"{name}.sass"
         if not after_sass.exists():
@@ -255,10 +283,10 @@ def compare(before_dir: pathlib.Path, after_dir: pathlib.Path, show: int = 40) -
         ptx_verdict, _ = verdict(ptx_levels((before_dir / f"{name}.ptx").read_text()),
                                  ptx_levels((after_dir / f"{name}.ptx").read_text()))
         count = sum(not line.startswith("== ") for line in sass_after[0])
-        print(f"{name:52s} {sass_verdict:15s} {ptx_verdict:15s} {count}")
-        if sass_verdict == "DIFFERENT":
+        print(f"{name:52s} {sass_verdict:28s} {ptx_verdict:15s} {count}")
+        if sass_verdict.startswith("DIFFERENT"):
             failures += 1
-            print("\n".join(sass_diff[:show]))
+            print("    " + "\n    ".join(sass_diff[:show]))
     return failures
 
 

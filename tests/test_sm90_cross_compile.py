@@ -23,7 +23,8 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
     dtype = DTYPES[dtype_name]
     head_dim_v = head_dim_v or head_dim
     # ones: one query, one key, one head, no lse (integer arguments folded to constants).
-    batch, seqlen_q, seqlen_k, heads, kv_heads = (1, 1, 1, 1, 1) if ones else (2, 1000, 1024, 4, 2)
+    sizes = (1, 1, 1, 1, 1) if ones else (2, 1000, 1024, 4, 2)
+    batch, seqlen_q, seqlen_k, heads, kv_heads = sizes
     q = torch.empty(batch, seqlen_q, heads, head_dim, dtype=dtype)
     k = torch.empty(batch, seqlen_k, kv_heads, head_dim, dtype=dtype)
     v = torch.empty(batch, seqlen_k, kv_heads, head_dim_v, dtype=dtype)
@@ -39,8 +40,8 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"]); f.flush()
-        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+        usage, sass = (subprocess.run([CUOBJDUMP, flag, f.name], capture_output=True,
+                                      text=True).stdout for flag in ("-res-usage", "-sass"))
     # The key loops: between the first and last wgmma of the consumer.
     first, last = ptx.find("wgmma.mma_async"), ptx.rfind("wgmma.mma_async")
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
@@ -51,20 +52,24 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
             "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+, (\d+)", ptx))),
             "split": config.split}
 
+def label(causal, split=None):
+    return ("causal" if causal else "full") + ("" if split is None else
+                                               "-pingpong" if split else "-lockstep")
+
 rows = {}
 for head_dim in sm90.CONFIGS:
     for name in ("bf16", "fp16"):
         for causal in (False, True):
             if name == "fp16" and head_dim != 128:
                 continue  # same code as bf16 at the other widths
-            rows[f"{name}-D{head_dim}-{'causal' if causal else 'full'}"] = compile_case(name, head_dim, causal)
+            rows[f"{name}-D{head_dim}-{label(causal)}"] = compile_case(name, head_dim, causal)
 for split in (False, True):
-    rows[f"bf16-D128-causal-{'pingpong' if split else 'lockstep'}"] = compile_case("bf16", 128, True, split)
+    rows[f"bf16-D128-{label(True, split)}"] = compile_case("bf16", 128, True, split)
 # Head dims the tiles pad (96 -> 128, 192 -> 256) and Dv != D, on the rows config_for picks.
-dims = {f"bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}": compile_case("bf16", d, causal, head_dim_v=dv)
+dims = {f"bf16-D{d}-Dv{dv}-{label(causal)}": compile_case("bf16", d, causal, head_dim_v=dv)
         for d, dv in ((192, 128), (96, 96), (192, 192), (64, 256))
         for causal in (False, True) if not (causal and (d, dv) in ((192, 192), (64, 256)))}
-ones = {f"bf16-D128-ones-{'pingpong' if split else 'lockstep'}": compile_case("bf16", 128, True, split, ones=True)
+ones = {f"bf16-D128-ones-{label(True, split)}": compile_case("bf16", 128, True, split, ones=True)
         for split in (False, True)}
 print(json.dumps({"rows": rows, "dims": dims, "ones": ones}))
 '''

@@ -130,7 +130,8 @@ def test_attention_dispatches_here(case, monkeypatch):
         q, k, v = make_inputs(SHAPE, 256, torch.float16)
     else:
         q, k, v = make_inputs((2, 1000, 4099, 8, 2), 128, torch.bfloat16)
-    assert dispatch.attention_kernel(arch_of(q.device), q, k, v, causal, dispatch.current()) == "sm90"
+    settings = dispatch.current()
+    assert dispatch.attention_kernel(arch_of(q.device), q, k, v, causal, settings) == "sm90"
     out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
     assert_close(out, lse, q, k, v, causal)
 
