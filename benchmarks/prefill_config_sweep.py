@@ -51,7 +51,7 @@ def launch_for(kernel, candidate, q, k, v, out, descales, causal, arch):
     if candidate:
         block_n, stages, split = candidate
         config = sm90.Sm90Config(block_n, stages, split=split)
-    return sm90.attention_sm90_launch(q, k, v, out, None, *descales, scale, causal, config=config)
+    return sm90.attention_sm90_launch(q, k, v, out, None, scale, causal, config=config)
 
 
 def main(argv=None) -> None:

@@ -142,7 +142,7 @@ def _info(args) -> None:
         print(f"  Hopper Gluon kernel for fp16/bf16 with head dim != 64 and "
               f"batch*heads*Sq*Sk*D >= 2^{dispatch.SM90_MIN_WORK.bit_length() - 1} (halved when "
               f"causal) where TMA can address the strides; configs by padded head dim: "
-              f"{ {d: sm90.CONFIGS[(d, False)] for d in (64, 128, 256)} }")
+              f"{ {d: sm90.CONFIGS[d] for d in (64, 128, 256)} }")
         print("  portable Triton kernel otherwise:")
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         if dtype.itemsize == 1 and not arch.has_fp8_mma:

@@ -1,5 +1,6 @@
-"""What both Gluon (sm90) kernels share: the torch -> Gluon dtype map, the TMA addressability
-check, and the online-softmax step of one score block (attention_sm90.py, mla_sm90.py)."""
+"""What both Gluon (sm90) kernel families share: the torch -> Gluon dtype map, the TMA
+addressability check, the field type of runtime scalars in kernel-state aggregates, and the
+online-softmax step of one score block (attention/sm90*.py, mla/sm90*.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,24 @@ GL_DTYPES = {
     torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
     torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5,
 }
+
+
+# Kernel state is bundled in aggregates (triton.language.core._aggregate; Triton 3.6 does not
+# export it as gl.aggregate). Their constructors are gluon.constexpr_functions: Triton 3.6's
+# cache-key walker rejects a plain Python __init__ ("Unsupported function referenced"). A
+# constexpr function receives constexprs unwrapped to Python values, so a constructor wraps
+# constexpr fields again (gl.constexpr(...)) and stores runtime values through scalar().
+#
+# The type of an aggregate field that holds a kernel argument or a value computed from one: a
+# tensor, or a constexpr where Triton specialized the argument (an integer equal to 1, a None
+# pointer) or folded the computation.
+Scalar = gl.tensor | gl.constexpr
+
+
+@gluon.constexpr_function
+def scalar(value):
+    """value (a tensor, or a constexpr's Python value) as a Scalar field."""
+    return value if isinstance(value, gl.tensor) else gl.constexpr(value)
 
 
 def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:

@@ -79,8 +79,7 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
     with on_device(device):
         if kernel == "sm90":
             from ..kernels.attention import sm90
-            launch = sm90.attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale,
-                                                v_descale, scale, causal)
+            launch = sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal)
             run_kernel = sm90.bind_attention(causal)
         else:
             launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,

@@ -1,47 +1,32 @@
 """Hopper (sm90) forward attention in Gluon: TMA, mbarrier rings, wgmma, warp specialization.
 
-One persistent program per SM walks its own tile list (tileattn.scheduler.prefill_work_lists); a tile
-is BLOCK_M (128) queries of one (batch, query head). Each program is two partitions:
+One persistent program per SM walks its own tile list (tileattn.scheduler.prefill_work_lists); a
+tile is BLOCK_M (128) queries of one (batch, query head). Each program is two partitions:
   * a loader warp that issues TMA copies of Q (one buffer) and of K and V (separate rings of
     NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
   * two consumer warpgroups (64 query rows each) that run S = Q K^T and O += P V on wgmma.
     Each loop is software pipelined one key block deep: S_{j+1} is issued before
     O += P_j V_j, so the softmax of block j+1 overlaps the tensor cores' P V work.
-    With split=True (16-bit default) each warpgroup is its own partition and they take turns
-    issuing GEMMs through a pair of mbarriers (FA3's ping-pong), so one's softmax runs under
-    the other's GEMMs. With split=False they form one 8-warp partition, which Triton keeps in
-    lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
+    With split=True (every config row) each warpgroup is its own partition and they take
+    turns issuing GEMMs through a pair of mbarriers (FA3's ping-pong), so one's softmax runs
+    under the other's GEMMs. With split=False they form one 8-warp partition, which Triton
+    keeps in lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
 P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
-layout and fed to the second GEMM directly. 16-bit key loops carry P_j into the iteration that
-issues its P V; FP8 loops turn over one step later and carry S instead, so that P is packed and
-consumed in one iteration (_attend_tile says why).
+layout and fed to the second GEMM directly; the key loop carries P_j into the iteration that
+issues its P V.
 
-Softmax is online in base 2 with fp32 statistics; FP8 descales fold into the softmax scale
-(q, k) and into the final normalisation (v). Bottom-right causal masking; sequence tails rely
-on TMA zero-filling rows past seqlen (padded keys are masked to -inf, padded query rows are
-computed and never stored).
+16-bit inputs only, V row-major (supports()): FP8 runs the portable kernel, which measured
+faster (docs/design.md, "Kernel choice"). Softmax is online in base 2 with fp32 statistics.
+Bottom-right causal masking; sequence tails rely on TMA zero-filling rows past seqlen (padded
+keys are masked to -inf, padded query rows are computed and never stored). head_dim and
+head_dim_v may differ and need not be powers of two (96, 192): tiles span them padded to the
+next power of two, TMA zero-fills the padding and the store masks it off. The pointer layouts
+are in attention_sm90_kernel's docstring.
 
-Tensor layouts (element strides; every tensor may come from a larger fused buffer):
-    q    [batch, seqlen_q, num_q_heads, head_dim]     last dim contiguous
-    k    [batch, seqlen_k, num_kv_heads, head_dim]    last dim contiguous
-    v    [batch, seqlen_k, num_kv_heads, head_dim_v]  last dim contiguous (row-major), or seqlen
-                                                      dim contiguous (K-major; required for FP8:
-                                                      8-bit wgmma reads B only K-major)
-    out  [batch, seqlen_q, num_q_heads, head_dim_v]   last dim contiguous
-    lse  [batch, num_q_heads, seqlen_q] float32        natural log, contiguous
-    *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
-    tile_ids    int32 [num_tiles]       tile m_block + num_m_blocks * (batch * num_q_heads + head)
-    tile_starts int32 [programs + 1]    program p runs tile_ids[tile_starts[p]:tile_starts[p + 1]]
-TMA sees q, k, v as 4-D [batch, heads, seqlen, head_dim] views (K-major V as [batch, heads,
-head_dim, seqlen]), so every stride but the contiguous one must be a multiple of 16 bytes.
-head_dim and head_dim_v may differ and need not be powers of two (96, 192): tiles span them
-padded to the next power of two, TMA zero-fills the padding and the store masks it off.
-
-This file holds the kernel (its loader partition and entry point), its config table and its
-launcher; the consumer warpgroups are in attention_sm90_consumers.py. Which inputs it takes
-and where attention() prefers it over the portable kernel (supports(), preferred(), MIN_WORK)
-live in attention_sm90_policy.py; compiling it without a GPU (cross_compile_sm90) in
-cross_compile.py.
+This file holds the loader partition, the kernel, its config table, its launcher and
+supports(); the kernel state (Gluon aggregates) and the consumer warpgroups are in
+sm90_consumers.py. Where attention() prefers this kernel is dispatch.py's; compiling it without
+a GPU is kernels/compile.py's (cross_compile_sm90).
 """
 
 from __future__ import annotations
@@ -55,15 +40,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ...arch import FP8_DTYPES, num_sms
+from ...arch import num_sms
 from ...scheduler import heads_per_group, prefill_work_lists
 from .fwd import padded_head_dim
-from .sm90_consumers import _consumer_partition, _tile_coords
+from .sm90_consumers import Output, Problem, Rings, consumer_partition
 from ..runtime import KernelLaunch
 from ..gluon_common import GL_DTYPES, tma_ready
 
-LOADER_REGS = 24       # the loader only computes coordinates; the rest goes to the consumers
-CONSUMER_REGS = gl.constexpr(240)  # a split (ping-pong) consumer warpgroup: 2 x 128 x 240 + 128 x 24 <= 64K
+# Registers a thread per partition (setmaxnreg): the loader only computes coordinates, the rest
+# goes to the consumers. Ping-pong: 2 x 128 x 240 + 128 x 24 <= the SM's 64K registers.
+LOADER_REGS = gl.constexpr(24)
+CONSUMER_REGS = gl.constexpr(240)
 
 
 @dataclass(frozen=True)
@@ -80,28 +67,23 @@ class Sm90Config:
         return 4 if self.split else self.block_m // 16
 
 
-# (padded head dim, fp8?) -> config, the head dim being the larger of Q/K's and V's, each padded
-# to a power of two (config_for). Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles);
-# every row fits 227 KB, and so does every pair of head dims that maps to it
-# (tests/test_sm90_cross_compile.py checks metadata.shared). 16-bit rows use the
-# ping-pong consumers (H100: +27% at D=128 N=16k, benchmarks/NOTES.md); FP8 rows keep the
-# lockstep consumer until ping-pong FP8 has passed the GPU tests (it timed 3-7% faster).
-CONFIGS: dict[tuple[int, bool], Sm90Config] = {
-    (64, False): Sm90Config(128, 3, split=True),
-    (128, False): Sm90Config(128, 2, split=True),
-    (256, False): Sm90Config(64, 2, split=True),
-    (64, True): Sm90Config(128, 3),
-    (128, True): Sm90Config(128, 3),
-    (256, True): Sm90Config(64, 3),   # BLOCK_N=128 spills (288 B of stack at 240 registers)
+# padded head dim -> config, the head dim being the larger of Q/K's and V's, each padded to a
+# power of two (config_for). Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
+# row fits 227 KB, and so does every pair of head dims that maps to it
+# (tests/test_sm90_cross_compile.py checks metadata.shared). Every row runs the ping-pong
+# consumers; the tile sizes and the ping-pong choice are measured (docs/design.md, "Hopper
+# forward kernel").
+CONFIGS: dict[int, Sm90Config] = {
+    64: Sm90Config(128, 3, split=True),
+    128: Sm90Config(128, 2, split=True),
+    256: Sm90Config(64, 2, split=True),
 }
 
 
-
-
-def config_for(head_dim: int, head_dim_v: int, is_fp8: bool) -> Sm90Config:
+def config_for(head_dim: int, head_dim_v: int) -> Sm90Config:
     """The CONFIGS row for these head dims: the one of the larger padded dim (a row fits its
     dim for Q, K and V alike, so it fits any pair no wider)."""
-    return CONFIGS[(max(padded_head_dim(head_dim), padded_head_dim(head_dim_v)), is_fp8)]
+    return CONFIGS[max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,142 +91,83 @@ def config_for(head_dim: int, head_dim_v: int, is_fp8: bool) -> Sm90Config:
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _loader_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                      seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                      q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr):
+def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
+    """TMA copies of each tile's Q and of its K and V blocks into the rings, one warp."""
     kv_count = 0
     tile_count = 0
-    for t in range(gl.load(tile_starts_ptr + gl.program_id(0)),
-                   gl.load(tile_starts_ptr + gl.program_id(0) + 1)):
-        m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
-            tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
-            BLOCK_M, BLOCK_N, CAUSAL)
+    start, end = problem.tile_range()
+    for t in range(start, end):
+        tile = problem.tile(t)
         # Barriers start in phase 0 "not complete"; waiting for parity 1 passes at once, which
         # lets the producer fill every buffer before the first release.
-        mbarrier.wait(q_empty, (tile_count & 1) ^ 1)
-        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [batch, head, m_block * BLOCK_M, 0], q_ready, q_smem)
-        for j in range(num_blocks):
-            stage = kv_count % NUM_STAGES
-            phase = (kv_count // NUM_STAGES) & 1
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * BLOCK_N, 0],
-                                            k_ready.index(stage), k_smem.index(stage))
-            mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            if V_K_MAJOR:
-                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, 0, j * BLOCK_N],
-                                                v_ready.index(stage), v_smem.index(stage))
-            else:
-                tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * BLOCK_N, 0],
-                                                v_ready.index(stage), v_smem.index(stage))
+        mbarrier.wait(rings.q_empty, (tile_count & 1) ^ 1)
+        mbarrier.expect(rings.q_ready, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            q_desc, [tile.batch, tile.head, tile.m_block * problem.BLOCK_M, 0], rings.q_ready,
+            rings.q_smem)
+        for j in range(tile.num_blocks):
+            stage = kv_count % problem.NUM_STAGES
+            phase = (kv_count // problem.NUM_STAGES) & 1
+            mbarrier.wait(rings.k_empty.index(stage), phase ^ 1)
+            mbarrier.expect(rings.k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                k_desc, [tile.batch, tile.kv_head, j * problem.BLOCK_N, 0],
+                rings.k_ready.index(stage), rings.k_smem.index(stage))
+            mbarrier.wait(rings.v_empty.index(stage), phase ^ 1)
+            mbarrier.expect(rings.v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                v_desc, [tile.batch, tile.kv_head, j * problem.BLOCK_N, 0],
+                rings.v_ready.index(stage), rings.v_smem.index(stage))
             kv_count += 1
         tile_count += 1
 
 
+# One entry point: a second one, named so that ptxas schedules it as a CUTLASS kernel, gained
+# nothing (docs/design.md, "Hopper forward kernel").
 @gluon.jit
-def _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                         seqlen_q, seqlen_k, softmax_scale_log2,
-                         q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                         stride_q_descale_b, stride_q_descale_h,
-                         stride_k_descale_b, stride_k_descale_h,
-                         stride_v_descale_b, stride_v_descale_h,
-                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                         HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                         SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
-                                       k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
-                                       v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
-    NUM_CONSUMERS: gl.constexpr = 2 if SPLIT else 1
-    ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=NUM_CONSUMERS)
-    for i in gl.static_range(2):
-        mbarrier.init(turn_bars.index(i), count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
-
-    loader_args = (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                   seqlen_q, seqlen_k, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                   BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, V_K_MAJOR)
-    # (Gluon needs each partition's constexprs spelled out: tuples built in the kernel lose them.
-    # A shared tuple of the runtime arguments plus `+ (HALF, PINGPONG, ...)` fails to compile in
-    # Triton 3.6 even with gl.constexpr(...) literals, hence the three spelled-out lists.)
-    if SPLIT:
-        gl.warp_specialize([
-            (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                                   seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
-                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
-                                   q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
-                                   V_KEYS_GROUPED)),
-            (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                                   seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
-                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
-                                   q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   1, True, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
-                                   V_KEYS_GROUPED)),
-            (_loader_partition, loader_args),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer_partition, (tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                                   seqlen_q, seqlen_k, softmax_scale_log2, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                                   q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b, stride_q_descale_h,
-                                   stride_k_descale_b, stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
-                                   q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                                   0, False, BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR, HAS_DESCALE, RETURN_LSE, ROWS,
-                                   V_KEYS_GROUPED)),
-            (_loader_partition, loader_args),
-        ], [1], [LOADER_REGS])
-
-
-# The entry point. A second entry named "...cutlass..." (ptxas schedules such kernels
-# differently) was measured and removed: no gain for bf16 or FP8 (benchmarks/NOTES.md).
-@gluon.jit
-def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                          seqlen_q, seqlen_k, softmax_scale_log2,
+def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
+                          gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                          q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                          stride_q_descale_b, stride_q_descale_h,
-                          stride_k_descale_b, stride_k_descale_h,
-                          stride_v_descale_b, stride_v_descale_h,
-                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                          OUT_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                          HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          SPLIT: gl.constexpr, LOADER_REGS: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr):
-    _attention_sm90_body(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                         seqlen_q, seqlen_k, softmax_scale_log2,
-                         q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                         q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                         stride_q_descale_b, stride_q_descale_h,
-                         stride_k_descale_b, stride_k_descale_h,
-                         stride_v_descale_b, stride_v_descale_h,
-                         BLOCK_M, BLOCK_N, HEAD_DIM, OUT_DIM, NUM_STAGES, CAUSAL, V_K_MAJOR,
-                         HAS_DESCALE, RETURN_LSE, SPLIT, LOADER_REGS, V_KEYS_GROUPED)
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                          RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr):
+    """Attention over the tiles of this program's work list (element strides; every tensor
+    may be a view of a larger fused buffer):
+        q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
+                                 k [batch, seqlen_k, num_kv_heads, head_dim] and
+                                 v [batch, seqlen_k, num_kv_heads, head_dim_v] (last dims
+                                 contiguous), seen as [batch, heads, seqlen, head dim] with
+                                 boxes [1, 1, BLOCK_M or BLOCK_N, head dim padded to a power of
+                                 two]; every other stride a multiple of 16 bytes
+        out_ptr     [batch, seqlen_q, num_q_heads, OUT_DIM] (OUT_DIM = head_dim_v), any float
+                    dtype, strides stride_ob, stride_os, stride_oh, last dim contiguous
+        lse_ptr     float32 [batch, num_q_heads, seqlen_q], contiguous, natural log; read only
+                    with RETURN_LSE (else None)
+        tile_ids_ptr     int32 [num_tiles]: tile m_block + num_m_blocks * (batch * num_q_heads
+                         + head)
+        tile_starts_ptr  int32 [programs + 1]: program p runs
+                         tile_ids[tile_starts[p]:tile_starts[p + 1]]
+    gqa_group_size = num_q_heads // num_kv_heads; softmax_scale_log2 = softmax scale * log2(e).
+    """
+    problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
+                      seqlen_q, seqlen_k, softmax_scale_log2, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)
+    output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE)
+    # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
+    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
+    # The partitions' arguments are aggregates, which carry their constexprs as fields. A
+    # plain tuple does not (Triton 3.6): `args + (HALF, PINGPONG)` unwraps the constexprs to
+    # Python ints that warp_specialize cannot pass ("'int' object has no attribute
+    # '_flatten_ir'"), and constexprs held in a tuple variable become runtime constants that
+    # the partitions capture. (fn, args) pairs cannot be kept in a variable either: a Gluon
+    # function is not a value.
+    loader_args = (problem, q_desc, k_desc, v_desc, rings)
+    if SPLIT:
+        gl.warp_specialize([(consumer_partition, (problem, output, rings, 0, True)),
+                            (consumer_partition, (problem, output, rings, 1, True)),
+                            (_loader_partition, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([(consumer_partition, (problem, output, rings, 0, False)),
+                            (_loader_partition, loader_args)], [1], [LOADER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +179,8 @@ LOG2_E = 1.4426950408889634
 
 @functools.lru_cache(maxsize=64)
 def _shared_layout(block_shape: tuple[int, ...], dtype: torch.dtype):
-    # ~10 us a call on the host: made once per (block shape, dtype), not once per launch.
+    # Building a layout costs host time on every launch (docs/design.md, "Host overhead and the
+    # call cache"): made once per (block shape, dtype).
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), GL_DTYPES[dtype])
 
 
@@ -265,12 +189,6 @@ def _descriptor(x: torch.Tensor, block_shape: list[int],
     """TMA view of x; shape overrides its extent where the memory behind it is larger."""
     return TensorDescriptor(x, shape or list(x.shape), list(x.stride()), block_shape,
                             _shared_layout(tuple(block_shape), x.dtype))
-
-
-def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
-    if descale is None or descale.dim() == 0:
-        return descale, 0, 0
-    return descale, descale.stride(0), descale.stride(1)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
@@ -282,16 +200,14 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
     return all(tma_ready(x, (0, 1, 2)) for x in (q, k, v))
 
 
-def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                          softmax_scale: float, causal: bool, *, config: Sm90Config | None = None,
+def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
+                          config: Sm90Config | None = None,
                           num_programs: int | None = None) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-    is_fp8 = q.dtype in FP8_DTYPES
-    config = config or config_for(head_dim, head_dim_v, is_fp8)
+    config = config or config_for(head_dim, head_dim_v)
     block_m = config.block_m
-    v_k_major = v.stride(1) == 1 and v.stride(3) != 1
     block_n = config.block_n
     # Tiles span the head dims padded to powers of two (96 -> 128, 192 -> 256).
     dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
@@ -300,10 +216,7 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     # and past the head dim (the padding).
     q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim])
-    if v_k_major:
-        v_desc = _descriptor(v.permute(0, 2, 3, 1), [1, 1, dim_v, block_n])
-    else:
-        v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
+    v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
 
     num_m_blocks = -(-seqlen_q // block_m)
     num_tiles = num_m_blocks * batch * num_q_heads
@@ -311,36 +224,29 @@ def attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     group_heads = heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size())
     tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
                                                programs, q.device, group_heads)
-    q_descale, sqb, sqh = _descale_args(q_descale)
-    k_descale, skb, skh = _descale_args(k_descale)
-    v_descale, svb, svh = _descale_args(v_descale)
     args = dict(
         tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts, num_m_blocks=num_m_blocks,
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale_log2=softmax_scale * LOG2_E,
         q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
         out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        lse_ptr=lse, q_descale_ptr=q_descale, k_descale_ptr=k_descale, v_descale_ptr=v_descale,
-        stride_q_descale_b=sqb, stride_q_descale_h=sqh,
-        stride_k_descale_b=skb, stride_k_descale_h=skh,
-        stride_v_descale_b=svb, stride_v_descale_h=svh,
+        lse_ptr=lse,
     )
     constexprs = dict(
-        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=dim, OUT_DIM=head_dim_v,
-        NUM_STAGES=config.num_stages,
-        CAUSAL=causal, V_K_MAJOR=v_k_major, HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
-        SPLIT=config.split, LOADER_REGS=LOADER_REGS, V_KEYS_GROUPED=False,
+        BLOCK_M=block_m, BLOCK_N=block_n, OUT_DIM=head_dim_v, NUM_STAGES=config.num_stages,
+        CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
 def bind_attention(causal: bool):
     """attention_sm90_launch as a function of its tensors and softmax scale, for the call
-    cache (ops/call_cache.py): later calls skip the checks and Triton's binder (KernelLaunch.run's fast path keys
-    the tensor descriptors by dtype, block shape and layout, as Triton specializes them); only
-    the descriptors are rebuilt, since they hold the tensors' addresses."""
+    cache (ops/call_cache.py): later calls skip the checks and Triton's binder
+    (KernelLaunch.run's fast path keys the tensor descriptors by dtype, block shape and layout,
+    as Triton specializes them); only the descriptors are rebuilt, since they hold the
+    tensors' addresses."""
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
             mod_args: tuple = ()) -> None:
-        attention_sm90_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
-                              softmax_scale, causal).run()
+        # The descales and mod_args are the call cache's uniform replay interface: None here (16-bit only).
+        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal).run()
     return run

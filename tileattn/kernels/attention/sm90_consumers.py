@@ -1,432 +1,454 @@
-"""The consumer side of the Hopper attention kernel (attention_sm90.py): two warpgroups that
-run S = Q K^T and O += P V on wgmma over the K/V rings the loader fills, the online softmax
-between them, and the epilogue. Also the work-item decoding that loader and consumers share.
+"""The consumer side of the Hopper attention kernel (sm90.py): two warpgroups that run
+S = Q K^T and O += P V on wgmma over the K/V rings the loader fills, the online softmax between
+them, and the epilogue. Also the state that loader and consumers share.
 
-What is here, top to bottom: the wgmma operand views of the ring buffers and of P; the turn
-barriers of the ping-pong consumers; the key loops in their two shapes (16-bit carries P across
-iterations, FP8 carries S: _attend_tile says why); the consumer partition with its epilogue.
-Pointer layouts are in attention_sm90.py's docstring.
+What is here, top to bottom: the kernel's state as Gluon aggregates (the problem and this
+program's work list, the shared-memory rings, one work tile, one consumer partition, the key
+loop's carried values); the turn barriers of the ping-pong consumers; the key loop; the consumer
+partition with its epilogue. Pointer layouts are in sm90.attention_sm90_kernel's docstring.
+
+No `from __future__ import annotations` here: Gluon checks aggregate fields against their
+annotations at compile time, so the annotations must be classes, not strings.
 """
-
-from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+    mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
 
-from ..gluon_common import online_softmax
+from ..gluon_common import Scalar, online_softmax, scalar
 
+
+# ---------------------------------------------------------------------------------------------
+# State
+# ---------------------------------------------------------------------------------------------
+
+@aggregate
+class Problem:
+    """What every partition knows: this program's work list, the problem's sizes, the softmax
+    scale (base 2) and the tile shape (BLOCK_M queries, BLOCK_N keys, NUM_STAGES K/V buffers)."""
+    tile_ids_ptr: Scalar
+    tile_starts_ptr: Scalar
+    num_m_blocks: Scalar
+    num_q_heads: Scalar
+    gqa_group_size: Scalar
+    seqlen_q: Scalar
+    seqlen_k: Scalar
+    softmax_scale_log2: Scalar
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    NUM_STAGES: gl.constexpr
+    CAUSAL: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
+                 seqlen_q, seqlen_k, softmax_scale_log2, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL):
+        self.tile_ids_ptr = scalar(tile_ids_ptr)
+        self.tile_starts_ptr = scalar(tile_starts_ptr)
+        self.num_m_blocks = scalar(num_m_blocks)
+        self.num_q_heads = scalar(num_q_heads)
+        self.gqa_group_size = scalar(gqa_group_size)
+        self.seqlen_q = scalar(seqlen_q)
+        self.seqlen_k = scalar(seqlen_k)
+        self.softmax_scale_log2 = scalar(softmax_scale_log2)
+        self.BLOCK_M = gl.constexpr(BLOCK_M)
+        self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.NUM_STAGES = gl.constexpr(NUM_STAGES)
+        self.CAUSAL = gl.constexpr(CAUSAL)
+
+    @gluon.jit
+    def tile_range(self):
+        """This program's tiles are tile_ids[start:end]."""
+        start = gl.load(self.tile_starts_ptr + gl.program_id(0))
+        end = gl.load(self.tile_starts_ptr + gl.program_id(0) + 1)
+        return start, end
+
+    @gluon.jit
+    def tile(self, t):
+        """Work item t of the list, decoded."""
+        tile = gl.load(self.tile_ids_ptr + t)
+        m_block = tile % self.num_m_blocks
+        batch_head = tile // self.num_m_blocks
+        batch = batch_head // self.num_q_heads
+        head = batch_head % self.num_q_heads
+        kv_head = head // self.gqa_group_size
+        # Query i sees keys j <= i + causal_shift (bottom-right aligned when seqlen_q != seqlen_k).
+        causal_shift = self.seqlen_k - self.seqlen_q
+        if self.CAUSAL:
+            key_end = gl.maximum(
+                gl.minimum(self.seqlen_k, (m_block + 1) * self.BLOCK_M + causal_shift), 0)
+            first_row_sees = gl.minimum(m_block * self.BLOCK_M + causal_shift + 1, self.seqlen_k)
+            num_full = gl.maximum(first_row_sees, 0) // self.BLOCK_N
+        else:
+            key_end = self.seqlen_k
+            num_full = self.seqlen_k // self.BLOCK_N
+        num_blocks = gl.cdiv(key_end, self.BLOCK_N)
+        return WorkTile(m_block, batch, head, kv_head, num_blocks, num_full)
+
+
+@aggregate
+class WorkTile:
+    """One work item: BLOCK_M queries (m_block) of one (batch, head); its key blocks, of which
+    the first num_full need no mask."""
+    m_block: Scalar
+    batch: Scalar
+    head: Scalar
+    kv_head: Scalar
+    num_blocks: Scalar
+    num_full: Scalar
+
+    @gluon.constexpr_function
+    def __init__(self, m_block, batch, head, kv_head, num_blocks, num_full):
+        self.m_block = scalar(m_block)
+        self.batch = scalar(batch)
+        self.head = scalar(head)
+        self.kv_head = scalar(kv_head)
+        self.num_blocks = scalar(num_blocks)
+        self.num_full = scalar(num_full)
+
+
+@aggregate
+class Rings:
+    """The shared memory of a program: Q's buffer and the K and V rings of NUM_STAGES tiles,
+    each buffer with a ready / empty mbarrier pair, and the two turn barriers of ping-pong
+    consumers. The tiles are [1, 1, rows, head dim], as TMA writes them."""
+    q_smem: gl.shared_memory_descriptor
+    k_smem: gl.shared_memory_descriptor
+    v_smem: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    q_empty: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    k_empty: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    v_empty: gl.shared_memory_descriptor
+    turn_bars: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                 v_empty, turn_bars):
+        self.q_smem = q_smem
+        self.k_smem = k_smem
+        self.v_smem = v_smem
+        self.q_ready = q_ready
+        self.q_empty = q_empty
+        self.k_ready = k_ready
+        self.k_empty = k_empty
+        self.v_ready = v_ready
+        self.v_empty = v_empty
+        self.turn_bars = turn_bars
+
+    @gluon.jit
+    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+        """Allocate and initialise; every consumer partition releases every buffer, so the
+        empty barriers count NUM_CONSUMERS arrivals."""
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
+                                           k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
+                                           v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(q_empty, count=NUM_CONSUMERS)
+        for i in gl.static_range(2):
+            mbarrier.init(turn_bars.index(i), count=1)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+        return Rings(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                     turn_bars)
+
+    @gluon.jit
+    def k_operand(self, stage):
+        """K^T [head dim, BLOCK_N] of the tile in `stage`: a K-major view of the tile."""
+        BLOCK_N: gl.constexpr = self.k_smem.shape[3]
+        HEAD_DIM: gl.constexpr = self.k_smem.shape[4]
+        return self.k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+
+    @gluon.jit
+    def v_operand(self, stage):
+        """V [BLOCK_N, padded head dim of V] of the tile in `stage`: the row-major tile."""
+        BLOCK_N: gl.constexpr = self.v_smem.shape[3]
+        HEAD_DIM_V: gl.constexpr = self.v_smem.shape[4]
+        return self.v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
+
+
+@aggregate
+class Consumer:
+    """One consumer partition: rows [HALF * ROWS, (HALF + 1) * ROWS) of every tile on ROWS // 16
+    warps (ROWS = 64, one warpgroup, for ping-pong; 128, both in lockstep, otherwise), its rows
+    of Q as the A operand of S = Q K^T, and the wgmma register layouts of its S, O and P."""
+    problem: Problem
+    rings: Rings
+    q_op: gl.shared_memory_descriptor
+    causal_shift: Scalar
+    HALF: gl.constexpr
+    PINGPONG: gl.constexpr
+    ROWS: gl.constexpr
+    HEAD_DIM_V: gl.constexpr     # V's head dim padded to a power of two (its tile's)
+    P_DTYPE: gl.constexpr
+    s_layout: gl.constexpr
+    o_layout: gl.constexpr
+    p_layout: gl.constexpr
+    row_layout: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, problem, rings, q_op, causal_shift, HALF, PINGPONG, ROWS, HEAD_DIM_V,
+                 P_DTYPE, s_layout, o_layout, p_layout, row_layout):
+        self.problem = problem
+        self.rings = rings
+        self.q_op = q_op
+        self.causal_shift = scalar(causal_shift)
+        self.HALF = gl.constexpr(HALF)
+        self.PINGPONG = gl.constexpr(PINGPONG)
+        self.ROWS = gl.constexpr(ROWS)
+        self.HEAD_DIM_V = gl.constexpr(HEAD_DIM_V)
+        self.P_DTYPE = gl.constexpr(P_DTYPE)
+        self.s_layout = gl.constexpr(s_layout)
+        self.o_layout = gl.constexpr(o_layout)
+        self.p_layout = gl.constexpr(p_layout)
+        self.row_layout = gl.constexpr(row_layout)
+
+    @gluon.jit
+    def create(problem, rings, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+        """Consumer HALF (0 or 1) of a ping-pong pair, or the lockstep one (HALF 0)."""
+        ROWS: gl.constexpr = problem.BLOCK_M // 2 if PINGPONG else problem.BLOCK_M
+        NUM_WARPS: gl.constexpr = ROWS // 16
+        HEAD_DIM: gl.constexpr = rings.q_smem.shape[3]
+        HEAD_DIM_V: gl.constexpr = rings.v_smem.shape[4]
+        dtype: gl.constexpr = rings.q_smem.dtype
+        K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
+        INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
+        # Warps tile the rows: each warpgroup owns 64 contiguous query rows of the tile.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+            instr_shape=[16, problem.BLOCK_N, INSTR_K])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM_V, INSTR_K])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=K_WIDTH)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        q_op = rings.q_smem.reshape([problem.BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
+        causal_shift = problem.seqlen_k - problem.seqlen_q
+        return Consumer(problem, rings, q_op, causal_shift, HALF, PINGPONG, ROWS, HEAD_DIM_V,
+                        dtype, s_layout, o_layout, p_layout, row_layout)
+
+    @gluon.jit
+    def wait_turn(self, turn_count):
+        """Ping-pong: warpgroup HALF issues its n-th GEMMs after the other has issued its
+        (n-1)-th (HALF 0) or n-th (HALF 1), so one's softmax runs under the other's GEMMs."""
+        if self.PINGPONG:
+            mbarrier.wait(self.rings.turn_bars.index(self.HALF),
+                          (turn_count & 1) ^ (1 - self.HALF))
+        return turn_count + 1
+
+    @gluon.jit
+    def pass_turn(self):
+        if self.PINGPONG:
+            mbarrier.arrive(self.rings.turn_bars.index(1 - self.HALF), count=1)
+
+    @gluon.jit
+    def p_operand(self, p_f32):
+        """P as the register A operand of P @ V."""
+        return gl.convert_layout(p_f32.to(self.P_DTYPE), self.p_layout)
+
+    @gluon.jit
+    def softmax_update(self, s, m_i, l_i, rows, key_start, MASKED: gl.constexpr):
+        """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
+        (p, alpha, m_new, l_new)."""
+        if MASKED:
+            BLOCK_N: gl.constexpr = self.problem.BLOCK_N
+            cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
+            visible = gl.expand_dims(cols, 0) < self.problem.seqlen_k
+            if self.problem.CAUSAL:
+                visible = visible & (gl.expand_dims(cols, 0)
+                                     <= gl.expand_dims(rows, 1) + self.causal_shift)
+            s = gl.where(visible, s, float("-inf"))
+        return online_softmax(s, m_i, l_i, self.problem.softmax_scale_log2, MASKED)
+
+
+@aggregate
+class KeyLoop:
+    """What the key loop carries between blocks of a tile: O, P of the previous block (its P V
+    not issued yet), the softmax statistics, and the ring and turn positions (kv_count counts
+    K/V tiles consumed by this program; stage and phase are the previous block's)."""
+    acc: gl.tensor
+    p: gl.tensor
+    m_i: gl.tensor
+    l_i: gl.tensor
+    kv_count: Scalar
+    stage: Scalar
+    phase: Scalar
+    turn_count: Scalar
+
+    @gluon.constexpr_function
+    def __init__(self, acc, p, m_i, l_i, kv_count, stage, phase, turn_count):
+        self.acc = acc
+        self.p = p
+        self.m_i = m_i
+        self.l_i = l_i
+        self.kv_count = scalar(kv_count)
+        self.stage = scalar(stage)
+        self.phase = scalar(phase)
+        self.turn_count = scalar(turn_count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Key loop
+# ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _tile_coords(tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Decode work item t; return its coordinates and key-block counts (all + unmasked)."""
-    tile = gl.load(tile_ids_ptr + t)
-    m_block = tile % num_m_blocks
-    batch_head = tile // num_m_blocks
-    batch = batch_head // num_q_heads
-    head = batch_head % num_q_heads
-    kv_head = head // gqa_group_size
-    # Query i sees keys j <= i + causal_shift (bottom-right aligned when seqlen_q != seqlen_k).
-    causal_shift = seqlen_k - seqlen_q
-    if CAUSAL:
-        key_end = gl.maximum(gl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_shift), 0)
-        first_row_sees = gl.minimum(m_block * BLOCK_M + causal_shift + 1, seqlen_k)
-        num_full = gl.maximum(first_row_sees, 0) // BLOCK_N
-    else:
-        key_end = seqlen_k
-        num_full = seqlen_k // BLOCK_N
-    num_blocks = gl.cdiv(key_end, BLOCK_N)
-    return m_block, batch, head, kv_head, num_blocks, num_full
-
-
-@gluon.jit
-def _k_operand(k_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """K^T [HEAD_DIM, BLOCK_N] as a K-major view of the [BLOCK_N, HEAD_DIM] tile."""
-    return k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-
-
-@gluon.jit
-def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-               V_K_MAJOR: gl.constexpr):
-    """V [BLOCK_N, HEAD_DIM_V] (V's padded head dim): a K-major view of a [HEAD_DIM_V, BLOCK_N]
-    tile, or the tile itself."""
-    if V_K_MAJOR:
-        return v_smem.index(stage).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0))
-    else:
-        return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
-
-
-@gluon.jit
-def _p_operand(p_f32, P_DTYPE: gl.constexpr, p_layout: gl.constexpr, ROWS: gl.constexpr,
-               BLOCK_N: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """P as the register A operand of P @ V. With V in grouped key order (kernels/layout.py)
-    its columns are reordered to match, which makes the layout conversion a register renaming
-    for FP8 (sm90 PTX, D=128: 74 -> 26 shfl, 384 -> 144 prmt)."""
-    p = p_f32.to(P_DTYPE)
-    if V_KEYS_GROUPED:
-        p = p.reshape([ROWS, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
-        p = p.reshape([ROWS, BLOCK_N])
-    return gl.convert_layout(p, p_layout)
-
-
-@gluon.jit
-def _wait_turn(turn_bars, turn_count, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong: warpgroup HALF issues its n-th GEMMs after the other has issued its
-    (n-1)-th (HALF 0) or n-th (HALF 1), so one's softmax runs under the other's GEMMs."""
-    if PINGPONG:
-        mbarrier.wait(turn_bars.index(HALF), (turn_count & 1) ^ (1 - HALF))
-    return turn_count + 1
-
-
-@gluon.jit
-def _pass_turn(turn_bars, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn_bars.index(1 - HALF), count=1)
-
-
-@gluon.jit
-def _softmax_update(s, m_i, l_i, qk_scale, rows, key_start, seqlen_k, causal_shift,
-                    s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                    MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Online softmax of one score block: returns (p, alpha, m_new, l_new)."""
-    if MASKED:
-        cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = gl.expand_dims(cols, 0) < seqlen_k
-        if CAUSAL:
-            visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + causal_shift)
-        s = gl.where(visible, s, float("-inf"))
-    return online_softmax(s, m_i, l_i, qk_scale, MASKED)
-
-
-@gluon.jit
-def _key_blocks_carry_p(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count, q_op,
-                        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                        block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
-                        s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                        HEAD_DIM_V: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                        MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                        HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+def _key_blocks(loop, rows, block_start, block_end, wg, MASKED: gl.constexpr):
     """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
-    The loop carries P_{j-1} (16-bit: see _attend_tile)."""
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    The loop carries P_{j-1}."""
+    problem = wg.problem
+    rings = wg.rings
+    acc, p, m_i, l_i = loop.acc, loop.p, loop.m_i, loop.l_i
+    kv_count, turn_count = loop.kv_count, loop.turn_count
+    prev_stage, prev_phase = loop.stage, loop.phase
+    s_zero = gl.zeros([wg.ROWS, problem.BLOCK_N], gl.float32, layout=wg.s_layout)
     for j in range(block_start, block_end):
-        stage = kv_count % NUM_STAGES
-        phase = (kv_count // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-        turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-        s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM), s_zero,
-                          use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
-                            is_async=True)
-        _pass_turn(turn_bars, HALF, PINGPONG)
+        stage = kv_count % problem.NUM_STAGES
+        phase = (kv_count // problem.NUM_STAGES) & 1
+        mbarrier.wait(rings.k_ready.index(stage), phase)
+        mbarrier.wait(rings.v_ready.index(prev_stage), prev_phase)
+        turn_count = wg.wait_turn(turn_count)
+        s = warpgroup_mma(wg.q_op, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p, rings.v_operand(prev_stage), acc, is_async=True)
+        wg.pass_turn()
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
-        mbarrier.arrive(k_empty.index(stage), count=1)
-        p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, j * BLOCK_N,
-                                                 seqlen_k, causal_shift, s_layout, BLOCK_N,
-                                                 MASKED, CAUSAL)
+        mbarrier.arrive(rings.k_empty.index(stage), count=1)
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, j * problem.BLOCK_N, MASKED)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(prev_stage), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p = _p_operand(p_f32, P_DTYPE, p_layout, BLOCK_M, BLOCK_N, V_KEYS_GROUPED)
+        mbarrier.arrive(rings.v_empty.index(prev_stage), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
+        p = wg.p_operand(p_f32)
         prev_stage = stage
         prev_phase = phase
         kv_count += 1
-    return acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count
+    return KeyLoop(acc, p, m_i, l_i, kv_count, prev_stage, prev_phase, turn_count)
 
 
 @gluon.jit
-def _key_blocks_carry_s(acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-                        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                        block_start, block_end, qk_scale, rows, seqlen_k, causal_shift,
-                        s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                        HEAD_DIM_V: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr,
-                        MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                        HALF: gl.constexpr, PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """Key blocks j in [block_start, block_end), each followed by block j + 1: the softmax of
-    S_j (in s, from ring slot `stage`) runs while P_{j-1} V_{j-1} is in flight, then
-    S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together.
-
-    P is made and consumed within one iteration: the loop carries fp32 S, never P (FP8: see
-    _attend_tile)."""
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    for j in range(block_start, block_end):
-        p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, j * BLOCK_N,
-                                                 seqlen_k, causal_shift, s_layout, BLOCK_N,
-                                                 MASKED, CAUSAL)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        # V_{j-1} sits in the slot before S_j's; block 0 has no P V before it.
-        mbarrier.arrive(v_empty.index((stage + NUM_STAGES - 1) % NUM_STAGES), count=1, pred=j > 0)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p = _p_operand(p_f32, P_DTYPE, p_layout, BLOCK_M, BLOCK_N, V_KEYS_GROUPED)
-        next_stage = kv_count % NUM_STAGES
-        next_phase = (kv_count // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(next_stage), next_phase)
-        mbarrier.wait(v_ready.index(stage), phase)
-        turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-        s = warpgroup_mma(q_op, _k_operand(k_smem, next_stage, BLOCK_N, HEAD_DIM), s_zero,
-                          use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
-                            is_async=True)
-        _pass_turn(turn_bars, HALF, PINGPONG)
-        # wgmma groups retire in order: one left in flight means S_{j+1} is done, P V is not.
-        s = warpgroup_mma_wait(1, deps=(s,))
-        mbarrier.arrive(k_empty.index(next_stage), count=1)
-        stage = next_stage
-        phase = next_phase
-        kv_count += 1
-    return acc, s, m_i, l_i, kv_count, stage, phase, turn_count
-
-
-@gluon.jit
-def _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty, turn_bars,
-             s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-             HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr,
-             PINGPONG: gl.constexpr):
-    """S_0 of a tile, alone (nothing to overlap it with): (s, its ring slot and phase, turn)."""
-    stage = kv_count % NUM_STAGES
-    phase = (kv_count // NUM_STAGES) & 1
-    mbarrier.wait(k_ready.index(stage), phase)
-    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    s = warpgroup_mma(q_op, _k_operand(k_smem, stage, BLOCK_N, HEAD_DIM),
-                      gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout),
-                      use_acc=False, is_async=True)
-    _pass_turn(turn_bars, HALF, PINGPONG)
-    s = warpgroup_mma_wait(0, deps=(s,))
-    mbarrier.arrive(k_empty.index(stage), count=1)
-    return s, stage, phase, turn_count
-
-
-@gluon.jit
-def _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty, turn_bars,
-             BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr, V_K_MAJOR: gl.constexpr,
-             HALF: gl.constexpr, PINGPONG: gl.constexpr):
-    """O += P V for a tile's last block, alone, waited for: (acc, turn)."""
-    mbarrier.wait(v_ready.index(stage), phase)
-    turn_count = _wait_turn(turn_bars, turn_count, HALF, PINGPONG)
-    acc = warpgroup_mma(p, _v_operand(v_smem, stage, BLOCK_N, HEAD_DIM_V, V_K_MAJOR), acc,
-                        is_async=True)
-    _pass_turn(turn_bars, HALF, PINGPONG)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(v_empty.index(stage), count=1)
-    return acc, turn_count
-
-
-@gluon.jit
-def _attend_tile_carry_p(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                         qk_scale, rows, seqlen_k, causal_shift,
-                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr,
-                         V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
-                         HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
-    """A tile's key blocks, the loop carrying P (block 0 peeled)."""
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg):
+    """The key blocks of one tile (tile.num_blocks >= 1), the loop carrying P; releases Q after
+    its last S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
+    problem = wg.problem
+    rings = wg.rings
     # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
     # once per tile) so that tiles whose first block crosses the diagonal need no branch.
-    s, stage, phase, turn_count = _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty,
-                                           turn_bars, s_layout, ROWS, BLOCK_N, HEAD_DIM,
-                                           NUM_STAGES, HALF, PINGPONG)
-    p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, 0, seqlen_k,
-                                             causal_shift, s_layout, BLOCK_N, True, CAUSAL)
-    p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
-    kv_count += 1
-    acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
-        acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-        1, num_full, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-    acc, p, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_p(
-        acc, p, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-        gl.maximum(num_full, 1), num_blocks, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
+    stage = kv_count % problem.NUM_STAGES
+    phase = (kv_count // problem.NUM_STAGES) & 1
+    mbarrier.wait(rings.k_ready.index(stage), phase)
+    turn_count = wg.wait_turn(turn_count)
+    s = warpgroup_mma(wg.q_op, rings.k_operand(stage),
+                      gl.zeros([wg.ROWS, problem.BLOCK_N], gl.float32, layout=wg.s_layout),
+                      use_acc=False, is_async=True)
+    wg.pass_turn()
+    s = warpgroup_mma_wait(0, deps=(s,))
+    mbarrier.arrive(rings.k_empty.index(stage), count=1)
+    p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, 0, True)
+    loop = KeyLoop(acc, wg.p_operand(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
+
+    loop = _key_blocks(loop, rows, 1, tile.num_full, wg, False)
+    loop = _key_blocks(loop, rows, gl.maximum(tile.num_full, 1), tile.num_blocks, wg, True)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
-    mbarrier.arrive(q_empty, count=1)
-    acc, turn_count = _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty,
-                               turn_bars, BLOCK_N, HEAD_DIM_V, V_K_MAJOR, HALF, PINGPONG)
-    return acc, m_i, l_i, kv_count, turn_count
+    mbarrier.arrive(rings.q_empty, count=1)
 
-
-@gluon.jit
-def _attend_tile_carry_s(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                         qk_scale, rows, seqlen_k, causal_shift,
-                         s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                         ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                         HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr,
-                         V_K_MAJOR: gl.constexpr, P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr,
-                         HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                         V_KEYS_GROUPED: gl.constexpr):
-    """A tile's key blocks, the loop carrying S (the last block peeled)."""
-    # S_0 alone; then blocks 0 .. last-1 (unmasked while every row sees the whole
-    # block, masked after), each issuing the next S with its own P V; then the last.
-    s, stage, phase, turn_count = _first_s(kv_count, turn_count, q_op, k_smem, k_ready, k_empty,
-                                           turn_bars, s_layout, ROWS, BLOCK_N, HEAD_DIM,
-                                           NUM_STAGES, HALF, PINGPONG)
-    kv_count += 1
-    # O is an in-flight wgmma accumulator across the loops: each iteration's P V runs
-    # on under the next iteration's softmax.
-    acc = warpgroup_mma_init(acc)
-    last = num_blocks - 1
-    unmasked_end = gl.minimum(num_full, last)
-    acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
-        acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-        0, unmasked_end, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, False, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-    acc, s, m_i, l_i, kv_count, stage, phase, turn_count = _key_blocks_carry_s(
-        acc, s, m_i, l_i, kv_count, stage, phase, turn_count, q_op,
-        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn_bars,
-        unmasked_end, last, qk_scale, rows, seqlen_k, causal_shift,
-        s_layout, o_layout, p_layout, ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR,
-        P_DTYPE, True, CAUSAL, HALF, PINGPONG, V_KEYS_GROUPED)
-    # Q is free once the last S is computed: the loader may fetch the next tile's Q
-    # while the last P V and the epilogue run.
-    mbarrier.arrive(q_empty, count=1)
-    p_f32, alpha, m_i, l_i = _softmax_update(s, m_i, l_i, qk_scale, rows, last * BLOCK_N,
-                                             seqlen_k, causal_shift, s_layout, BLOCK_N,
-                                             True, CAUSAL)
+    # The last block's P V, alone.
+    mbarrier.wait(rings.v_ready.index(loop.stage), loop.phase)
+    turn_count = wg.wait_turn(loop.turn_count)
+    acc = warpgroup_mma(loop.p, rings.v_operand(loop.stage), loop.acc, is_async=True)
+    wg.pass_turn()
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(v_empty.index((stage + NUM_STAGES - 1) % NUM_STAGES), count=1,
-                    pred=last > 0)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    p = _p_operand(p_f32, P_DTYPE, p_layout, ROWS, BLOCK_N, V_KEYS_GROUPED)
-    acc, turn_count = _last_pv(acc, p, stage, phase, turn_count, v_smem, v_ready, v_empty,
-                               turn_bars, BLOCK_N, HEAD_DIM_V, V_K_MAJOR, HALF, PINGPONG)
-    return acc, m_i, l_i, kv_count, turn_count
+    mbarrier.arrive(rings.v_empty.index(loop.stage), count=1)
+    return acc, loop.m_i, loop.l_i, loop.kv_count, turn_count
+
+
+# ---------------------------------------------------------------------------------------------
+# Partition
+# ---------------------------------------------------------------------------------------------
+
+@aggregate
+class Output:
+    """Where the epilogue writes: out (OUT_DIM columns, V's head dim; the tile may be wider, its
+    padding is not stored) and, with RETURN_LSE, lse."""
+    out_ptr: gl.tensor
+    stride_ob: Scalar
+    stride_os: Scalar
+    stride_oh: Scalar
+    lse_ptr: Scalar
+    OUT_DIM: gl.constexpr
+    RETURN_LSE: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE):
+        self.out_ptr = out_ptr
+        self.stride_ob = scalar(stride_ob)
+        self.stride_os = scalar(stride_os)
+        self.stride_oh = scalar(stride_oh)
+        self.lse_ptr = scalar(lse_ptr)
+        self.OUT_DIM = gl.constexpr(OUT_DIM)
+        self.RETURN_LSE = gl.constexpr(RETURN_LSE)
 
 
 @gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                 k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                 qk_scale, rows, seqlen_k, causal_shift,
-                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                 ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 HEAD_DIM_V: gl.constexpr, NUM_STAGES: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                 P_DTYPE: gl.constexpr, CAUSAL: gl.constexpr, HALF: gl.constexpr,
-                 PINGPONG: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """The key blocks of one tile (num_blocks >= 1); releases Q after its last S.
-
-    Each key-loop iteration overlaps one block's softmax with the previous block's P V. Where
-    the loop turns over decides what it carries:
-    - FP8 carries S (fp32). A loop-carried FP8 P is split into one register per byte and
-      repacked before its wgmma, ~200 PRMT/LOP3/SHF per iteration at D=128, 30% of the loop;
-      carrying S instead cuts the D=128 key loop from 679 to 491 SASS instructions (640 to 459
-      with grouped V keys; benchmarks/NOTES.md, session 8). NOT GPU-run yet: FP8 takes this
-      kernel only under TILEATTN_KERNEL=sm90.
-    - 16-bit carries P: same loop length either way (495 at D=128), and this is the
-      structure measured on the GPU."""
-    if P_DTYPE.primitive_bitwidth == 8:
-        acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_s(
-            acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-            k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-            qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF,
-            PINGPONG, V_KEYS_GROUPED)
-    else:
-        acc, m_i, l_i, kv_count, turn_count = _attend_tile_carry_p(
-            acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-            k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-            qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-            ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL, HALF,
-            PINGPONG, V_KEYS_GROUPED)
-    return acc, m_i, l_i, kv_count, turn_count
+def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
+    """Normalise O and write this partition's rows of the tile (and their LSE)."""
+    problem = wg.problem
+    o_rows: gl.constexpr = gl.SliceLayout(1, wg.o_layout)
+    # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+    out_rows = (tile.m_block * problem.BLOCK_M + wg.HALF * wg.ROWS
+                + gl.arange(0, wg.ROWS, layout=o_rows))
+    out_cols = gl.arange(0, wg.HEAD_DIM_V, layout=gl.SliceLayout(0, wg.o_layout))
+    out_ptrs = (output.out_ptr + tile.batch.to(gl.int64) * output.stride_ob
+                + tile.head.to(gl.int64) * output.stride_oh
+                + gl.expand_dims(out_rows.to(gl.int64) * output.stride_os, 1)
+                + gl.expand_dims(out_cols, 0))
+    out_mask = gl.expand_dims(out_rows < problem.seqlen_q, 1)
+    if output.OUT_DIM != wg.HEAD_DIM_V:
+        out_mask = out_mask & gl.expand_dims(out_cols < output.OUT_DIM, 0)
+    gl.store(out_ptrs, acc.to(output.out_ptr.dtype.element_ty), mask=out_mask)
+    if output.RETURN_LSE:
+        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+        batch_head = tile.batch * problem.num_q_heads + tile.head
+        gl.store(output.lse_ptr + batch_head.to(gl.int64) * problem.seqlen_q + rows, lse,
+                 mask=rows < problem.seqlen_q)
 
 
 @gluon.jit
-def _consumer_partition(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                        seqlen_q, seqlen_k, softmax_scale_log2,
-                        out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                        q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                        stride_q_descale_b, stride_q_descale_h,
-                        stride_k_descale_b, stride_k_descale_h,
-                        stride_v_descale_b, stride_v_descale_h,
-                        q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                        turn_bars, HALF: gl.constexpr, PINGPONG: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                        OUT_DIM: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_K_MAJOR: gl.constexpr,
-                        HAS_DESCALE: gl.constexpr, RETURN_LSE: gl.constexpr,
-                        ROWS: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
-    """Rows [HALF * ROWS, (HALF + 1) * ROWS) of each BLOCK_M tile, on ROWS // 16 warps.
-    HEAD_DIM: Q/K's head dim padded to a power of two (TMA zero-fills the padding); V's padded
-    head dim is its tile's; OUT_DIM: V's head dim, the output columns stored."""
-    NUM_WARPS: gl.constexpr = ROWS // 16
-    HEAD_DIM_V: gl.constexpr = v_smem.shape[3] if V_K_MAJOR else v_smem.shape[4]
-    dtype: gl.constexpr = q_smem.dtype
-    # FP8: P in [0, 1] is rounded to e4m3 even when V is e5m2 (one more mantissa bit; wgmma
-    # takes mixed FP8 operands).
-    P_DTYPE: gl.constexpr = gl.float8e4nv if dtype == gl.float8e5 else dtype
-    K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
-    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
-    # Warps tile the rows: each warpgroup owns 64 contiguous query rows of the tile.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, INSTR_K])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM_V, INSTR_K])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_WIDTH)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_op = q_smem.reshape([BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
-    causal_shift = seqlen_k - seqlen_q
-
+def consumer_partition(problem, output, rings, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer HALF of a ping-pong pair (PINGPONG), or the lockstep pair of warpgroups: every
+    tile of this program's list, its rows of it."""
+    wg = Consumer.create(problem, rings, HALF, PINGPONG)
     kv_count = 0
     tile_count = 0
     turn_count = 0
-    for t in range(gl.load(tile_starts_ptr + gl.program_id(0)),
-                   gl.load(tile_starts_ptr + gl.program_id(0) + 1)):
-        m_block, batch, head, kv_head, num_blocks, num_full = _tile_coords(
-            tile_ids_ptr, t, num_m_blocks, num_q_heads, gqa_group_size, seqlen_q, seqlen_k,
-            BLOCK_M, BLOCK_N, CAUSAL)
-        qk_scale = softmax_scale_log2
-        v_scale = 1.0
-        if HAS_DESCALE:
-            qk_scale *= gl.load(q_descale_ptr + batch * stride_q_descale_b + head * stride_q_descale_h)
-            qk_scale *= gl.load(k_descale_ptr + batch * stride_k_descale_b + kv_head * stride_k_descale_h)
-            v_scale = gl.load(v_descale_ptr + batch * stride_v_descale_b + kv_head * stride_v_descale_h)
-        rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=row_layout)
-
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-        acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
-        mbarrier.wait(q_ready, tile_count & 1)
-        if num_blocks > 0:
-            acc, m_i, l_i, kv_count, turn_count = _attend_tile(
-                acc, m_i, l_i, kv_count, turn_count, q_op, k_smem, v_smem, q_empty,
-                k_ready, k_empty, v_ready, v_empty, turn_bars, num_blocks, num_full,
-                qk_scale, rows, seqlen_k, causal_shift, s_layout, o_layout, p_layout,
-                ROWS, BLOCK_N, HEAD_DIM, HEAD_DIM_V, NUM_STAGES, V_K_MAJOR, P_DTYPE, CAUSAL,
-                HALF, PINGPONG, V_KEYS_GROUPED)
+    start, end = problem.tile_range()
+    for t in range(start, end):
+        tile = problem.tile(t)
+        rows = (tile.m_block * problem.BLOCK_M + HALF * wg.ROWS
+                + gl.arange(0, wg.ROWS, layout=wg.row_layout))
+        m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
+        l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
+        acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
+        mbarrier.wait(rings.q_ready, tile_count & 1)
+        if tile.num_blocks > 0:
+            acc, m_i, l_i, kv_count, turn_count = _attend_tile(acc, m_i, l_i, kv_count,
+                                                               turn_count, rows, tile, wg)
         else:
-            mbarrier.arrive(q_empty, count=1)
-
-        # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
-        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-        acc = acc * gl.expand_dims(gl.convert_layout(v_scale / l_safe, gl.SliceLayout(1, o_layout)), 1)
-        out_rows = m_block * BLOCK_M + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-        out_cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
-        out_ptrs = (out_ptr + batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
-                    + gl.expand_dims(out_rows.to(gl.int64) * stride_os, 1)
-                    + gl.expand_dims(out_cols, 0))
-        out_mask = gl.expand_dims(out_rows < seqlen_q, 1)
-        if OUT_DIM != HEAD_DIM_V:
-            out_mask = out_mask & gl.expand_dims(out_cols < OUT_DIM, 0)
-        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-        if RETURN_LSE:
-            lse = gl.where(l_i == 0.0, float("-inf"),
-                           (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-            batch_head = batch * num_q_heads + head
-            gl.store(lse_ptr + batch_head.to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
+            mbarrier.arrive(rings.q_empty, count=1)
+        _store_tile(acc, m_i, l_i, rows, tile, output, wg)
         tile_count += 1

@@ -1,14 +1,14 @@
 """MLA decode partial kernel for Hopper (sm90) in Gluon: TMA, mbarrier rings, wgmma, and
 warp specialization, for blocks of 64 rows (H·q_len >= MIN_ROWS = 32; fewer than 64 run
-padded) and a 16-bit cache (mla_sm90_fp8.py reuses its consumers for an e4m3 cache).
+padded) and a 16-bit cache (sm90_fp8.py reuses its consumers for an e4m3 cache).
 
 It consumes the same split-KV plan (tileattn.scheduler.make_mla_plan) as the Triton kernel
-mla_decode.mla_decode_partial_kernel and writes exactly what that kernel writes: the final
-out / lse for a sequence with one work item, else the item's normalised fp32 output and LSE in
-its partial_out / partial_lse slot, which mla_decode_combine_kernel merges. Pointer layouts,
-the causal rule among the q_len tokens (token j sees the first seq_len - q_len + 1 + j keys)
-and the row order of an M block (row r is token r // num_heads, head r % num_heads) are the
-Triton kernel's; see the docstring of tileattn/kernels/mla_decode.py.
+decode.mla_decode_partial_kernel and writes exactly what that kernel writes: the final out /
+lse for a sequence with one work item, else the item's normalised fp32 output and LSE in its
+partial_out / partial_lse slot, which combine.py merges. The causal rule among the q_len tokens
+(token j sees the first seq_len - q_len + 1 + j keys) and the row order of an M block (row r is
+token r // num_heads, head r % num_heads) are the Triton kernel's; the pointer layouts are in
+mla_sm90_partial_kernel's docstring.
 
 One program per (row block of 64, work item), grid (row_blocks, num_work). Three partitions:
   * loader (1 warp): TMA. Q is 9 boxes of [64 rows, 64 cols]; a KV tile of 64 tokens is 9
@@ -18,100 +18,117 @@ One program per (row block of 64, work item), grid (row_blocks, num_work). Three
     KV buffers, each with one "ready" mbarrier per box (Q K^T starts on box 0 while the
     rest land) and one "empty" mbarrier. With two or more row blocks per work item, row
     block 0's loader also issues one bulk L2 prefetch (cp.async.bulk.prefetch.L2, 72 KB) of
-    the tile PREFETCH_TILES ahead, so the TMA loads of every row block find it in L2.
-    Evidence (ncu, H128 batch 768 seq 2048, results/2026-11-23-h100-session6/): the softmax
-    warpgroup spent ~40% of its cycles waiting on a tile's ready barrier, L2 hit rate 34%;
-    per-box barriers took H128 from 406 to 441 TFLOP/s, the prefetch to 470.
-  * softmax warpgroup and P V warpgroup: mla_sm90_consumers.py (S once, P shared through
-    shared memory, each warpgroup half of the 512 output columns; tails zeroed there).
+    the tile PREFETCH_TILES ahead, so the TMA loads of every row block find it in L2 rather
+    than each waiting on HBM (docs/design.md, "MLA decode": per-box barriers and the prefetch
+    were measured there).
+  * softmax warpgroup and P V warpgroup: sm90_consumers.py (S once, P shared through shared
+    memory, each warpgroup half of the 512 output columns; tails zeroed there).
+The state the three partitions share (Gluon aggregates) is in sm90_state.py.
 
 Shared memory: Q 72 KB + NUM_STAGES x 72 KB + P 8 KB (+ alpha 256 B): 2 stages = 224.3 KB of
 the 227 KB a block may take.
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: Gluon checks aggregate fields against their
+annotations, which must be classes, not strings.
+"""
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
 
 from ..runtime import KernelLaunch
-from ..gluon_common import GL_DTYPES, tma_ready
-from .sm90_consumers import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, allocate_state,
-                                 load_q, pv_partition, softmax_partition, work_item)
+from ..gluon_common import GL_DTYPES, Scalar, scalar, tma_ready
+from .sm90_consumers import pv_partition, softmax_partition
+from .sm90_state import (BLOCK_M, BOX, LOG2_E, NUM_BOXES, V_BOXES, Buffers, Output, Pages,
+                         Scores, WorkItem)
 
 BLOCK_N = gl.constexpr(64)            # KV tokens per tile
 NUM_COLS = gl.constexpr(576)
 NUM_STAGES = 2
-PREFETCH_TILES = 1    # L2 prefetch distance in tiles (1 beat 2 at H128: mla-sm90-ab-boxes.json)
-LOADER_REGS = 24
-PV_REGS = 208     # P V warpgroup; the softmax warpgroup then gets 256 (256 + 208 + 24 <= 3 x 168)
-                  # (at 240 the softmax warpgroup got 240 and spilled 72 bytes)
+PREFETCH_TILES = 1    # L2 prefetch distance in tiles (measured: docs/design.md, "MLA decode")
+# Registers a thread per partition (setmaxnreg): the softmax warpgroup then gets 256, since
+# 256 + 208 + 24 <= 3 x 168 (the SM's 64K over 3 warpgroups); with a 240-register P V
+# warpgroup the softmax one got 240 and spilled.
+LOADER_REGS = gl.constexpr(24)
+PV_REGS = gl.constexpr(208)
 # Fewer rows than BLOCK_M run padded (TMA zero-fills them, they are never stored): the wgmma
-# work is that of 64 rows, which still beat the Triton kernel at 32 rows on big batches
-# (mla_decode_policy.gluon_preferred); at 16 rows it only tied.
+# work is that of 64 rows, which still pays at 32 rows and not at 16 (docs/design.md, "MLA
+# decode"; dispatch.mla_kernel asks supports_plan).
 MIN_ROWS = 32
 
 
 # ---------------------------------------------------------------------------------------------
-# Loader partition (the consumers are in mla_sm90_consumers.py)
+# Loader partition (the consumers are in sm90_consumers.py)
 # ---------------------------------------------------------------------------------------------
 
-@gluon.jit
-def _prefetch_tile_to_l2(kv_ptr, stride_kv_page, num_pages, page_row, token,
-                         PAGE_SIZE: gl.constexpr):
-    """One bulk L2 prefetch of the 64 x 576 tile at `token` (contiguous: whole rows of one
-    page), issued by one elected lane. The TMA load of that tile, NUM_STAGES tiles later, then
-    reads L2 instead of waiting on HBM. The page id is clamped into the cache: unlike TMA
-    loads, which zero-fill outside the descriptor, a prefetch takes a raw address."""
-    page = gl.minimum(gl.maximum(gl.load(page_row + token // PAGE_SIZE), 0), num_pages - 1)
-    tile = kv_ptr + page.to(gl.int64) * stride_kv_page + (token % PAGE_SIZE) * NUM_COLS
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; elect.sync _|p, 0xffffffff; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
-        "=r,l", [tile], dtype=gl.int32, is_pure=False, pack=1)
+@aggregate
+class L2Prefetch:
+    """The cache as the L2 prefetch addresses it: raw pointer, page stride and page count (for
+    clamping), and the prefetch distance in tiles (0: no prefetch)."""
+    kv_ptr: Scalar
+    stride_kv_page: Scalar
+    num_pages: Scalar
+    PREFETCH_TILES: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, kv_ptr, stride_kv_page, num_pages, PREFETCH_TILES):
+        self.kv_ptr = scalar(kv_ptr)
+        self.stride_kv_page = scalar(stride_kv_page)
+        self.num_pages = scalar(num_pages)
+        self.PREFETCH_TILES = gl.constexpr(PREFETCH_TILES)
+
+    @gluon.jit
+    def tile(self, page_row, token, PAGE_SIZE: gl.constexpr):
+        """One bulk L2 prefetch of the 64 x 576 tile at `token` (contiguous: whole rows of one
+        page), issued by one elected lane. The TMA load of that tile, NUM_STAGES tiles later,
+        then reads L2 instead of waiting on HBM. The page id is clamped into the cache: unlike
+        TMA loads, which zero-fill outside the descriptor, a prefetch takes a raw address."""
+        page = gl.minimum(gl.maximum(gl.load(page_row + token // PAGE_SIZE), 0), self.num_pages - 1)
+        tile = (self.kv_ptr + page.to(gl.int64) * self.stride_kv_page
+                + (token % PAGE_SIZE) * NUM_COLS)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; elect.sync _|p, 0xffffffff; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
+            "=r,l", [tile], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
-def _loader_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
-                      q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
-                      kv_ptr, stride_kv_page, num_pages,
-                      PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      PREFETCH_TILES: gl.constexpr):
-    batch, kv_start, kv_end, slot = work_item(work_ptr)
-    load_q(q_desc, q_smem, q_ready, batch)
+def _loader_partition(work_ptr, smem, q_desc, kv_desc, pages, l2):
+    """TMA of Q and of the item's KV tiles, one barrier per box; L2 prefetch ahead (1 warp)."""
+    item = WorkItem.load(work_ptr)
+    smem.load_q(q_desc, item.batch)
     row_block = gl.program_id(0)
-    page_row = page_table_ptr + batch.to(gl.int64) * stride_page_table_b
-    num_tiles = gl.cdiv(kv_end - kv_start, BLOCK_N)
+    page_row = pages.row(item.batch)
+    PAGE_SIZE: gl.constexpr = pages.PAGE_SIZE
+    num_tiles = gl.cdiv(item.kv_end - item.kv_start, BLOCK_N)
     # Row blocks of one work item read the same tiles: block 0 alone pulls them into L2.
-    prefetch = (PREFETCH_TILES > 0) & (row_block == 0)
+    prefetch = (l2.PREFETCH_TILES > 0) & (row_block == 0)
     if prefetch:
-        for j in range(gl.minimum(PREFETCH_TILES, num_tiles)):
-            _prefetch_tile_to_l2(kv_ptr, stride_kv_page, num_pages, page_row,
-                                 kv_start + j * BLOCK_N, PAGE_SIZE)
+        for j in range(gl.minimum(l2.PREFETCH_TILES, num_tiles)):
+            l2.tile(page_row, item.kv_start + j * BLOCK_N, PAGE_SIZE)
     for j in range(num_tiles):
-        token = kv_start + j * BLOCK_N
+        token = item.kv_start + j * BLOCK_N
         page = gl.load(page_row + token // PAGE_SIZE)
         if prefetch:
-            if j + PREFETCH_TILES < num_tiles:
-                _prefetch_tile_to_l2(kv_ptr, stride_kv_page, num_pages, page_row,
-                                     token + PREFETCH_TILES * BLOCK_N, PAGE_SIZE)
-        stage = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
+            if j + l2.PREFETCH_TILES < num_tiles:
+                l2.tile(page_row, token + l2.PREFETCH_TILES * BLOCK_N, PAGE_SIZE)
+        stage = j % smem.NUM_STAGES
+        phase = (j // smem.NUM_STAGES) & 1
         # Barriers start in phase 0; waiting for parity 1 passes at once (first fill).
-        mbarrier.wait(kv_empty.index(stage), phase ^ 1)
+        mbarrier.wait(smem.kv_empty.index(stage), phase ^ 1)
         for c in gl.static_range(NUM_BOXES):
             # One barrier per box, so Q K^T starts on the first box while the rest land.
-            ready = kv_ready.index(stage * NUM_BOXES + c)
+            ready = smem.kv_ready.index(stage * NUM_BOXES + c)
             mbarrier.expect(ready, kv_desc.block_type.nbytes)
             if c < V_BOXES:
                 tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
-                                                ready, kv_smem.index(stage * V_BOXES + c))
+                                                ready, smem.kv_smem.index(stage * V_BOXES + c))
             else:
                 tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
-                                                ready, rope_smem.index(stage))
+                                                ready, smem.rope_smem.index(stage))
 
 
 @gluon.jit
@@ -120,24 +137,37 @@ def mla_sm90_partial_kernel(
     out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
     stride_page_table_b, stride_ob, stride_os, stride_oh,
     num_heads, q_len, num_rows, softmax_scale_log2, kv_ptr, stride_kv_page, num_pages,
-    PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr,
-    PV_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PREFETCH_TILES: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr, PREFETCH_TILES: gl.constexpr,
 ):
-    (q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty, kv_ready,
-     kv_empty) = allocate_state(q_desc, NUM_STAGES, BLOCK_N)
+    """The partial results of one (row block, work item). Pointer layouts (element strides):
+        q_desc      TMA descriptor of q [batch, q_len, num_heads, 576] (q_len and num_heads
+                    adjacent, last dim contiguous) seen as [batch, num_rows, 576], boxes
+                    [1, 64, 64]; row r of a block is token r // num_heads, head r % num_heads
+        kv_desc     TMA descriptor of the cache [num_pages, PAGE_SIZE, 576], q's dtype, last
+                    dim contiguous, boxes [1, 64 tokens, 64]; kv_ptr is its base, page stride
+                    stride_kv_page (the L2 prefetch's raw addresses)
+        page_table_ptr  int32 [batch, max_pages], row stride stride_page_table_b
+        seq_lens_ptr    int32 [batch], contiguous
+        work_ptr        int32 [num_work, 5], contiguous rows (batch, kv_start, kv_end, slot,
+                        seq_len the plan was made for)
+        out_ptr         [batch, q_len, num_heads, 512], q's dtype, strides stride_ob,
+                        stride_os, stride_oh, last dim contiguous
+        lse_ptr         float32 [batch, q_len, num_heads], contiguous, natural log
+        partial_out_ptr float32 [num_slots, num_rows, 512], contiguous (num_rows = q_len ·
+                        num_heads)
+        partial_lse_ptr float32 [num_slots, num_rows], contiguous, natural log
+    """
+    smem = Buffers.allocate(q_desc, NUM_STAGES, BLOCK_N)
+    output = Output(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, stride_ob, stride_os,
+                    stride_oh, num_heads, num_rows)
+    # A 16-bit cache: no descale (work_ptr stands in for its pointer), output scale 1.
+    scores = Scores(seq_lens_ptr, q_len, softmax_scale_log2, 1.0, work_ptr, False)
+    pages = Pages(page_table_ptr, stride_page_table_b, PAGE_SIZE)
+    l2 = L2Prefetch(kv_ptr, stride_kv_page, num_pages, PREFETCH_TILES)
     gl.warp_specialize([
-        (softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
-                              partial_lse_ptr, stride_ob, stride_os, stride_oh, num_heads, q_len,
-                              num_rows, softmax_scale_log2, 1.0, work_ptr, q_smem, kv_smem,
-                              rope_smem, p_smem, alpha_smem, q_ready, kv_ready, kv_empty,
-                              p_ready, p_empty, NUM_STAGES, False)),
-        (pv_partition, (work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
-                         num_heads, num_rows, kv_smem, p_smem, alpha_smem,
-                         kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
-        (_loader_partition, (work_ptr, page_table_ptr, stride_page_table_b, q_desc, kv_desc,
-                             q_smem, kv_smem, rope_smem, q_ready, kv_ready, kv_empty,
-                             kv_ptr, stride_kv_page, num_pages, PAGE_SIZE, NUM_STAGES,
-                             PREFETCH_TILES)),
+        (softmax_partition, (work_ptr, smem, output, scores)),
+        (pv_partition, (work_ptr, smem, output)),
+        (_loader_partition, (work_ptr, smem, q_desc, kv_desc, pages, l2)),
     ], [4, 1], [PV_REGS, LOADER_REGS])
 
 
@@ -189,7 +219,7 @@ def kv_descriptor(kv_cache: torch.Tensor, tile_n: int, smem_dtype) -> TensorDesc
 
 
 def common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale: float) -> dict:
-    """The arguments both Gluon MLA kernels take (mla_sm90_fp8.py adds its own)."""
+    """The arguments both Gluon MLA kernels take (sm90_fp8.py adds its own)."""
     batch, q_len, num_heads, _ = q.shape
     num_rows = q_len * num_heads
     q_layout = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M.value, BOX.value],
@@ -216,8 +246,7 @@ def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
                 stride_kv_page=kv_cache.stride(0), num_pages=kv_cache.shape[0])
     num_rows = args["num_rows"]
     prefetch = prefetch_tiles(num_rows, kv_cache)
-    constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
-                      PV_REGS=PV_REGS, LOADER_REGS=LOADER_REGS, PREFETCH_TILES=prefetch)
+    constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES, PREFETCH_TILES=prefetch)
     grid = (-(-num_rows // BLOCK_M.value), plan.num_work)
     # KernelLaunch's fast path keys the TMA descriptors by dtype, block shape and layout.
     return KernelLaunch(mla_sm90_partial_kernel, grid, args, constexprs, 4, 1)

@@ -1,8 +1,7 @@
-"""The two consumer warpgroups of the Gluon MLA decode kernels (mla_sm90.py for a 16-bit cache,
-mla_sm90_fp8.py for e4m3), with what both kernels share: the shared-memory state
-(allocate_state) and the Q load of their producer partitions (load_q). The consumers read Q
-and KV tiles that the kernel's producer partition put in shared memory, and are generic in the
-tile size (64 keys for the 16-bit cache, 32 for e4m3: taken from the ring's shape).
+"""The two consumer warpgroups of the Gluon MLA decode kernels (sm90.py for a 16-bit cache,
+sm90_fp8.py for e4m3); the state they share with the producer partitions is in sm90_state.py.
+The consumers read Q and KV tiles that the kernel's producer partition put in shared memory,
+and are generic in the tile size (64 keys for the 16-bit cache, 32 for e4m3: Buffers.TILE_N).
 
   * softmax warpgroup (the default partition, 4 warps, 256 registers): S_j = Q K_j^T over
     the 9 boxes (one copy of S: no duplicated QK^T), each wgmma issued once its box's ready
@@ -26,110 +25,71 @@ of a block past H·q_len read zeros (TMA bounds of the [batch, rows, 576] q view
 never stored.
 
 Scales: softmax_scale_log2 and output_scale may carry a factor that undoes a scaled widening
-(mla_sm90_fp8.py); with HAS_DESCALE the FP8 descale multiplies both.
-"""
+(sm90_fp8.py); with HAS_DESCALE the FP8 descale multiplies both. Pointer layouts are in the
+kernels' docstrings (sm90.py, sm90_fp8.py).
 
-from __future__ import annotations
+No `from __future__ import annotations` here: Gluon checks aggregate fields against their
+annotations, which must be classes, not strings.
+"""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
 
-from ..gluon_common import online_softmax
-
-BLOCK_M = gl.constexpr(64)            # rows per program: one wgmma M per warpgroup
-BOX = gl.constexpr(64)                # TMA box width (columns); 576 = 9 boxes, V = boxes 0-7
-NUM_BOXES = gl.constexpr(9)
-V_BOXES = gl.constexpr(8)
-V_BOXES_PER_WG = gl.constexpr(4)      # each consumer warpgroup owns 256 of V's 512 columns
-LOG2_E = 1.4426950408889634
+from ..gluon_common import Scalar, online_softmax, scalar
+from .sm90_state import (BLOCK_M, BOX, NUM_BOXES, V_BOXES, V_BOXES_PER_WG, Buffers, WorkItem,
+                         box_view, planned_seq_len)
 
 
-@gluon.jit
-def allocate_state(q_desc, NUM_STAGES: gl.constexpr, TILE_N: gl.constexpr):
-    """Shared memory of both kernels: Q (9 boxes), the ring of NUM_STAGES 16-bit KV tiles of
-    TILE_N keys (boxes 0-7, the 512 latent columns that are also V, and box 8, rope, apart
-    because shared buffers need power-of-two inner dims), the P message (P and one fp32 per
-    row), and their barriers: q_ready, p_ready / p_empty, one kv_ready per box, kv_empty."""
-    dtype: gl.constexpr = q_desc.dtype
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, TILE_N, BOX], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape, q_desc.layout)
-    kv_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * V_BOXES, 1, TILE_N, BOX], tile_layout)
-    rope_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, TILE_N, BOX], tile_layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype))
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES * NUM_BOXES, 1],
-                                         mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_empty, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        for c in gl.static_range(NUM_BOXES):
-            mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
-    return (q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty, kv_ready,
-            kv_empty)
+# ---------------------------------------------------------------------------------------------
+# Softmax warpgroup
+# ---------------------------------------------------------------------------------------------
+
+@aggregate
+class SoftmaxRows:
+    """The softmax warpgroup's fixed state for one work item: the shared memory, the item's key
+    range [kv_start, kv_end), each row's causal limit (row r sees keys < key_limit[r]), the
+    scale of the scores (base 2), and the wgmma register layouts of S, O and P."""
+    smem: Buffers
+    kv_start: Scalar
+    kv_end: Scalar
+    key_limit: gl.tensor
+    qk_scale: Scalar
+    s_layout: gl.constexpr
+    o_layout: gl.constexpr
+    p_layout: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout,
+                 p_layout):
+        self.smem = smem
+        self.kv_start = scalar(kv_start)
+        self.kv_end = scalar(kv_end)
+        self.key_limit = key_limit
+        self.qk_scale = scalar(qk_scale)
+        self.s_layout = gl.constexpr(s_layout)
+        self.o_layout = gl.constexpr(o_layout)
+        self.p_layout = gl.constexpr(p_layout)
 
 
 @gluon.jit
-def load_q(q_desc, q_smem, q_ready, batch):
-    """TMA of this program's 64 rows of Q (9 boxes, one barrier), from the producer."""
-    mbarrier.expect(q_ready, NUM_BOXES * q_desc.block_type.nbytes)
-    for c in gl.static_range(NUM_BOXES):
-        tma.async_copy_global_to_shared(q_desc, [batch, gl.program_id(0) * BLOCK_M, c * BOX],
-                                        q_ready, q_smem.index(c))
-
-
-@gluon.jit
-def work_item(work_ptr):
-    """This program's work item (tileattn.scheduler.mla: WORK_FIELDS = 5 columns); the fifth,
-    the seq_len the plan was made for, is read by planned_seq_len."""
-    work_id = gl.program_id(1)
-    batch = gl.load(work_ptr + work_id * 5)
-    kv_start = gl.load(work_ptr + work_id * 5 + 1)
-    kv_end = gl.load(work_ptr + work_id * 5 + 2)
-    slot = gl.load(work_ptr + work_id * 5 + 3)
-    return batch, kv_start, kv_end, slot
-
-
-@gluon.jit
-def planned_seq_len(work_ptr):
-    return gl.load(work_ptr + gl.program_id(1) * 5 + 4)
-
-
-@gluon.jit
-def box_view(smem, i):
-    """Box i of a [n, 1, rows, 64] buffer as a [rows, 64] tile."""
-    return smem.index(i).reshape([smem.shape[2], smem.shape[3]])
-
-
-@gluon.jit
-def _wait_tile(kv_ready, stage, phase):
-    for c in gl.static_range(NUM_BOXES):
-        mbarrier.wait(kv_ready.index(stage * NUM_BOXES + c), phase)
-
-
-@gluon.jit
-def _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, stage, phase, s_zero):
+def _issue_qk(smem, stage, phase, s_zero):
     """S = Q K^T for the tile in `stage`: 9 chained wgmmas, K = 64 each, each issued as soon
     as its box has landed."""
-    mbarrier.wait(kv_ready.index(stage * NUM_BOXES), phase)
-    s = warpgroup_mma(box_view(q_smem, 0), box_view(kv_smem, stage * V_BOXES).permute((1, 0)), s_zero,
+    mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES), phase)
+    s = warpgroup_mma(box_view(smem.q_smem, 0),
+                      box_view(smem.kv_smem, stage * V_BOXES).permute((1, 0)), s_zero,
                       use_acc=False, is_async=True)
     for c in gl.static_range(1, V_BOXES):
-        mbarrier.wait(kv_ready.index(stage * NUM_BOXES + c), phase)
-        s = warpgroup_mma(box_view(q_smem, c), box_view(kv_smem, stage * V_BOXES + c).permute((1, 0)), s,
+        mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES + c), phase)
+        s = warpgroup_mma(box_view(smem.q_smem, c),
+                          box_view(smem.kv_smem, stage * V_BOXES + c).permute((1, 0)), s,
                           is_async=True)
-    mbarrier.wait(kv_ready.index(stage * NUM_BOXES + V_BOXES), phase)
-    s = warpgroup_mma(box_view(q_smem, V_BOXES), box_view(rope_smem, stage).permute((1, 0)), s,
-                      is_async=True)
+    mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES + V_BOXES), phase)
+    s = warpgroup_mma(box_view(smem.q_smem, V_BOXES),
+                      box_view(smem.rope_smem, stage).permute((1, 0)), s, is_async=True)
     return s
 
 
@@ -143,8 +103,8 @@ def _v_half(kv_smem, stage, FIRST_BOX: gl.constexpr):
     HALF_N: gl.constexpr = V_BOXES_PER_WG * BOX
     TILE_N: gl.constexpr = kv_smem.shape[2]
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE_N, HALF_N], kv_smem.dtype)
-    halves = kv_smem._reinterpret(kv_smem.dtype, [kv_smem.shape[0] // V_BOXES_PER_WG, TILE_N, HALF_N],
-                                  v_layout)
+    halves = kv_smem._reinterpret(kv_smem.dtype,
+                                  [kv_smem.shape[0] // V_BOXES_PER_WG, TILE_N, HALF_N], v_layout)
     return halves.index(stage * (V_BOXES // V_BOXES_PER_WG) + FIRST_BOX // V_BOXES_PER_WG)
 
 
@@ -155,16 +115,16 @@ def _issue_pv(p, kv_smem, stage, o, FIRST_BOX: gl.constexpr):
 
 
 @gluon.jit
-def _zero_tail_rows(kv_smem, rope_smem, stage, valid_rows):
+def _zero_tail_rows(smem, stage, valid_rows):
     """Zero the rows >= valid_rows of every box of a tile (keys past the sequence's end),
     then make the stores visible to the tensor cores."""
     zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    keep = gl.expand_dims(gl.arange(0, kv_smem.shape[2], layout=gl.SliceLayout(1, zl)) < valid_rows, 1)
+    keep = gl.expand_dims(gl.arange(0, smem.TILE_N, layout=gl.SliceLayout(1, zl)) < valid_rows, 1)
     for c in gl.static_range(NUM_BOXES):
         if c < V_BOXES:
-            buf = box_view(kv_smem, stage * V_BOXES + c)
+            buf = box_view(smem.kv_smem, stage * V_BOXES + c)
         else:
-            buf = box_view(rope_smem, stage)
+            buf = box_view(smem.rope_smem, stage)
         x = buf.load(zl)
         buf.store(gl.where(keep, x, gl.zeros_like(x)))
     fence_async_shared()
@@ -172,89 +132,82 @@ def _zero_tail_rows(kv_smem, rope_smem, stage, valid_rows):
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, qk_scale, tile_start, kv_end, key_limit,
-                  s_layout: gl.constexpr, MASKED: gl.constexpr):
+def _softmax_tile(s, m_i, l_i, tile_start, sw, MASKED: gl.constexpr):
     """Online softmax of one [64, TILE_N] score tile (base 2): (p, alpha, m_new, l_new)."""
     if MASKED:
-        cols = gl.expand_dims(tile_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout)), 0)
-        visible = (cols < kv_end) & (cols < gl.expand_dims(key_limit, 1))
+        cols = gl.expand_dims(
+            tile_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, sw.s_layout)), 0)
+        visible = (cols < sw.kv_end) & (cols < gl.expand_dims(sw.key_limit, 1))
         s = gl.where(visible, s, float("-inf"))
-    return online_softmax(s, m_i, l_i, qk_scale, MASKED)
+    return online_softmax(s, m_i, l_i, sw.qk_scale, MASKED)
 
 
 @gluon.jit
-def _send_p(p_smem, alpha_smem, p_ready, p_empty, p, alpha, count):
+def _send_p(smem, p, alpha, count):
     """Message `count` to the P V warpgroup: P_count and alpha_count, once it has released
     the previous message (one buffer)."""
-    mbarrier.wait(p_empty, (count & 1) ^ 1)
-    p_smem.store(p)
-    alpha_smem.store(alpha)
+    mbarrier.wait(smem.p_empty, (count & 1) ^ 1)
+    smem.p_smem.store(p)
+    smem.alpha_smem.store(alpha)
     fence_async_shared()
     gl.thread_barrier()
-    mbarrier.arrive(p_ready, count=1)
+    mbarrier.arrive(smem.p_ready, count=1)
 
 
 @gluon.jit
-def _softmax_loop(o, p, m_i, l_i, prev_stage, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
-                  kv_ready, kv_empty, p_ready, p_empty, j_start, j_end, kv_start, kv_end,
-                  key_limit, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                  p_layout: gl.constexpr, NUM_STAGES: gl.constexpr, MASKED: gl.constexpr):
+def _softmax_loop(o, p, m_i, l_i, prev_stage, j_start, j_end, sw, MASKED: gl.constexpr):
     """Tiles [j_start, j_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
-    TILE_N: gl.constexpr = kv_smem.shape[2]
-    s_zero = gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_layout)
+    smem = sw.smem
+    TILE_N: gl.constexpr = smem.TILE_N
+    s_zero = gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=sw.s_layout)
     for j in range(j_start, j_end):
-        stage = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        tile_start = kv_start + j * TILE_N
+        stage = j % smem.NUM_STAGES
+        phase = (j // smem.NUM_STAGES) & 1
+        tile_start = sw.kv_start + j * TILE_N
         if MASKED:
-            if tile_start + TILE_N > kv_end:
-                _wait_tile(kv_ready, stage, phase)
-                _zero_tail_rows(kv_smem, rope_smem, stage, kv_end - tile_start)
-        s = _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, stage, phase, s_zero)
-        o = _issue_pv(p, kv_smem, prev_stage, o, 0)
+            if tile_start + TILE_N > sw.kv_end:
+                smem.wait_tile(stage, phase)
+                _zero_tail_rows(smem, stage, sw.kv_end - tile_start)
+        s = _issue_qk(smem, stage, phase, s_zero)
+        o = _issue_pv(p, smem.kv_smem, prev_stage, o, 0)
         # wgmma groups retire in order: 1 left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
-        p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, tile_start, kv_end,
-                                               key_limit, s_layout, MASKED)
+        p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tile_start, sw, MASKED)
         o = warpgroup_mma_wait(0, deps=(o,))
-        mbarrier.arrive(kv_empty.index(prev_stage), count=1)
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p_lo = p_f32.to(p_smem.dtype)
-        _send_p(p_smem, alpha_smem, p_ready, p_empty, p_lo, alpha, j)
-        p = gl.convert_layout(p_lo, p_layout)
+        mbarrier.arrive(smem.kv_empty.index(prev_stage), count=1)
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, sw.o_layout)), 1)
+        p_lo = p_f32.to(smem.p_smem.dtype)
+        _send_p(smem, p_lo, alpha, j)
+        p = gl.convert_layout(p_lo, sw.p_layout)
         prev_stage = stage
     return o, p, m_i, l_i, prev_stage
 
 
 @gluon.jit
-def _store_half(o, scale, rows, batch, slot, num_heads, num_rows,
-                out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr,
-                o_layout: gl.constexpr, FIRST_BOX: gl.constexpr):
+def _store_half(o, scale, rows, item, output, o_layout: gl.constexpr, FIRST_BOX: gl.constexpr):
     """Write this warpgroup's 256 output columns, scaled by `scale` per row."""
     o = o * gl.expand_dims(scale, 1)
-    row_ok = gl.expand_dims(rows < num_rows, 1)
+    row_ok = gl.expand_dims(rows < output.num_rows, 1)
     cols = gl.expand_dims(FIRST_BOX * BOX + gl.arange(0, V_BOXES_PER_WG * BOX,
                                                       layout=gl.SliceLayout(0, o_layout)), 0)
-    if slot < 0:
-        token = rows // num_heads
-        head = rows % num_heads
-        dst = gl.expand_dims(out_ptr + batch.to(gl.int64) * stride_ob + token.to(gl.int64) * stride_os
-                             + head.to(gl.int64) * stride_oh, 1) + cols
-        gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok)
+    if item.slot < 0:
+        token = rows // output.num_heads
+        head = rows % output.num_heads
+        dst = gl.expand_dims(output.out_ptr + item.batch.to(gl.int64) * output.stride_ob
+                             + token.to(gl.int64) * output.stride_os
+                             + head.to(gl.int64) * output.stride_oh, 1) + cols
+        gl.store(dst, o.to(output.out_ptr.dtype.element_ty), mask=row_ok)
     else:
-        slot_rows = slot.to(gl.int64) * num_rows + rows
-        wsp = gl.expand_dims(partial_out_ptr + slot_rows * 512, 1) + cols
+        slot_rows = item.slot.to(gl.int64) * output.num_rows + rows
+        wsp = gl.expand_dims(output.partial_out_ptr + slot_rows * 512, 1) + cols
         gl.store(wsp, o, mask=row_ok)
 
 
 @gluon.jit
-def softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
-                       stride_ob, stride_os, stride_oh, num_heads, q_len, num_rows,
-                       softmax_scale_log2, output_scale, kv_descale_ptr, q_smem, kv_smem,
-                       rope_smem, p_smem,
-                       alpha_smem, q_ready, kv_ready, kv_empty, p_ready, p_empty,
-                       NUM_STAGES: gl.constexpr, HAS_DESCALE: gl.constexpr):
-    TILE_N: gl.constexpr = kv_smem.shape[2]
+def softmax_partition(work_ptr, smem, output, scores):
+    """The softmax warpgroup (the default partition): S, the softmax, P to the other
+    warpgroup, O[:, :256], and the LSE."""
+    TILE_N: gl.constexpr = smem.TILE_N
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -262,101 +215,99 @@ def softmax_partition(work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    batch, kv_start, kv_end, slot = work_item(work_ptr)
-    seq_len = gl.load(seq_lens_ptr + batch)
+    item = WorkItem.load(work_ptr)
+    kv_start = item.kv_start
+    kv_end = item.kv_end
+    seq_len = gl.load(scores.seq_lens_ptr + item.batch)
     rows = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
     # Speculative decoding: token j of q_len sees the first seq_len - q_len + 1 + j keys.
-    first_limit = seq_len - q_len + 1
-    key_limit = first_limit + rows // num_heads
+    first_limit = seq_len - scores.q_len + 1
+    key_limit = first_limit + rows // output.num_heads
     num_tiles = gl.cdiv(kv_end - kv_start, TILE_N)
     # Tiles below full_end are visible to every row and inside the chunk: no masks there.
     full_end = gl.maximum(gl.minimum(kv_end, first_limit), kv_start)
     num_full = (full_end - kv_start) // TILE_N
     # output_scale (and the factor in softmax_scale_log2) undoes a scaled widening of an FP8
-    # cache (mla_sm90_fp8.py); an FP8 descale multiplies the scores and the output too.
-    qk_scale = softmax_scale_log2
-    out_scale = output_scale
-    if HAS_DESCALE:
-        descale = gl.load(kv_descale_ptr)
+    # cache (sm90_fp8.py); an FP8 descale multiplies the scores and the output too.
+    qk_scale = scores.softmax_scale_log2
+    out_scale = scores.output_scale
+    if scores.HAS_DESCALE:
+        descale = gl.load(scores.kv_descale_ptr)
         qk_scale = qk_scale * descale
         out_scale = out_scale * descale
     # A plan made for other seq_lens would silently miss or mis-mask keys: its rows come out
     # NaN instead (through out_scale, finite otherwise), since a CUDA graph replay cannot raise.
     out_scale = gl.where(planned_seq_len(work_ptr) != seq_len, float("nan"), out_scale)
+    sw = SoftmaxRows(smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout, p_layout)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
     o = gl.zeros([BLOCK_M, V_BOXES_PER_WG * BOX], gl.float32, layout=o_layout)
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(smem.q_ready, 0)
 
     # Tile 0 is peeled (no previous P V to overlap) and always masked (once per item).
     if kv_start + TILE_N > kv_end:
-        _wait_tile(kv_ready, 0, 0)
-        _zero_tail_rows(kv_smem, rope_smem, 0, kv_end - kv_start)
-    s = _issue_qk(q_smem, kv_smem, rope_smem, kv_ready, 0, 0,
-                  gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_layout))
+        smem.wait_tile(0, 0)
+        _zero_tail_rows(smem, 0, kv_end - kv_start)
+    s = _issue_qk(smem, 0, 0, gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_layout))
     s = warpgroup_mma_wait(0, deps=(s,))
-    p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, qk_scale, kv_start, kv_end, key_limit,
-                                           s_layout, True)
-    p_lo = p_f32.to(p_smem.dtype)
-    _send_p(p_smem, alpha_smem, p_ready, p_empty, p_lo, alpha, 0)
+    p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, kv_start, sw, True)
+    p_lo = p_f32.to(smem.p_smem.dtype)
+    _send_p(smem, p_lo, alpha, 0)
     p = gl.convert_layout(p_lo, p_layout)
     stage = 0
-    o, p, m_i, l_i, stage = _softmax_loop(
-        o, p, m_i, l_i, stage, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
-        kv_ready, kv_empty, p_ready, p_empty, 1, num_full, kv_start, kv_end, key_limit, qk_scale,
-        s_layout, o_layout, p_layout, NUM_STAGES, False)
-    o, p, m_i, l_i, stage = _softmax_loop(
-        o, p, m_i, l_i, stage, q_smem, kv_smem, rope_smem, p_smem, alpha_smem,
-        kv_ready, kv_empty, p_ready, p_empty, gl.maximum(num_full, 1), num_tiles, kv_start,
-        kv_end, key_limit, qk_scale, s_layout, o_layout, p_layout, NUM_STAGES, True)
-    o = _issue_pv(p, kv_smem, stage, o, 0)
+    o, p, m_i, l_i, stage = _softmax_loop(o, p, m_i, l_i, stage, 1, num_full, sw, False)
+    o, p, m_i, l_i, stage = _softmax_loop(o, p, m_i, l_i, stage, gl.maximum(num_full, 1),
+                                          num_tiles, sw, True)
+    o = _issue_pv(p, smem.kv_smem, stage, o, 0)
     o = warpgroup_mma_wait(0, deps=(o,))
-    mbarrier.arrive(kv_empty.index(stage), count=1)
+    mbarrier.arrive(smem.kv_empty.index(stage), count=1)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     scale = out_scale / l_safe
     # The last message: 1 / l (times the FP8 descale) for the other half of the output.
-    mbarrier.wait(p_empty, (num_tiles & 1) ^ 1)
-    alpha_smem.store(scale)
+    mbarrier.wait(smem.p_empty, (num_tiles & 1) ^ 1)
+    smem.alpha_smem.store(scale)
     gl.thread_barrier()
-    mbarrier.arrive(p_ready, count=1)
+    mbarrier.arrive(smem.p_ready, count=1)
     _store_half(o, gl.convert_layout(scale, gl.SliceLayout(1, o_layout)),
-                gl.convert_layout(rows, gl.SliceLayout(1, o_layout)), batch, slot, num_heads,
-                num_rows, out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr, o_layout, 0)
+                gl.convert_layout(rows, gl.SliceLayout(1, o_layout)), item, output, o_layout, 0)
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     lse = lse + 0.0 * out_scale   # NaN for a stale plan
-    if slot < 0:
-        gl.store(lse_ptr + batch.to(gl.int64) * num_rows + rows, lse, mask=rows < num_rows)
+    if item.slot < 0:
+        gl.store(output.lse_ptr + item.batch.to(gl.int64) * output.num_rows + rows, lse,
+                 mask=rows < output.num_rows)
     else:
-        gl.store(partial_lse_ptr + slot.to(gl.int64) * num_rows + rows, lse, mask=rows < num_rows)
+        gl.store(output.partial_lse_ptr + item.slot.to(gl.int64) * output.num_rows + rows, lse,
+                 mask=rows < output.num_rows)
 
+
+# ---------------------------------------------------------------------------------------------
+# P V warpgroup
+# ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def pv_partition(work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
-                  num_heads, num_rows, kv_smem, p_smem, alpha_smem,
-                  kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES: gl.constexpr):
+def pv_partition(work_ptr, smem, output):
+    """The P V warpgroup: O[:, 256:] from the P messages of the softmax warpgroup."""
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_BOXES_PER_WG * BOX, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    batch, kv_start, kv_end, slot = work_item(work_ptr)
-    num_tiles = gl.cdiv(kv_end - kv_start, kv_smem.shape[2])
+    item = WorkItem.load(work_ptr)
+    num_tiles = gl.cdiv(item.kv_end - item.kv_start, smem.TILE_N)
     o = gl.zeros([BLOCK_M, V_BOXES_PER_WG * BOX], gl.float32, layout=o_layout)
     for j in range(num_tiles):
-        stage = j % NUM_STAGES
+        stage = j % smem.NUM_STAGES
         for c in gl.static_range(V_BOXES_PER_WG, V_BOXES):
-            mbarrier.wait(kv_ready.index(stage * NUM_BOXES + c), (j // NUM_STAGES) & 1)
-        mbarrier.wait(p_ready, j & 1)
-        o = o * gl.expand_dims(alpha_smem.load(row_layout), 1)
-        o = _issue_pv(p_smem, kv_smem, stage, o, V_BOXES_PER_WG)
+            mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES + c), (j // smem.NUM_STAGES) & 1)
+        mbarrier.wait(smem.p_ready, j & 1)
+        o = o * gl.expand_dims(smem.alpha_smem.load(row_layout), 1)
+        o = _issue_pv(smem.p_smem, smem.kv_smem, stage, o, V_BOXES_PER_WG)
         o = warpgroup_mma_wait(0, deps=(o,))
-        mbarrier.arrive(p_empty, count=1)
-        mbarrier.arrive(kv_empty.index(stage), count=1)
-    mbarrier.wait(p_ready, num_tiles & 1)
-    scale = alpha_smem.load(row_layout)
+        mbarrier.arrive(smem.p_empty, count=1)
+        mbarrier.arrive(smem.kv_empty.index(stage), count=1)
+    mbarrier.wait(smem.p_ready, num_tiles & 1)
+    scale = smem.alpha_smem.load(row_layout)
     rows = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-    _store_half(o, scale, rows, batch, slot, num_heads, num_rows,
-                out_ptr, stride_ob, stride_os, stride_oh, partial_out_ptr, o_layout,
-                V_BOXES_PER_WG)
+    _store_half(o, scale, rows, item, output, o_layout, V_BOXES_PER_WG)

@@ -1,9 +1,10 @@
 """MLA decode partial kernel for Hopper (sm90) in Gluon with an FP8 (e4m3) cache: the cache is
 read from HBM as e4m3 (half the bytes of bf16) and widened to q's 16-bit type in shared
-memory, so both GEMMs run on the same 16-bit wgmma as mla_sm90.py and q keeps its precision.
+memory, so both GEMMs run on the same 16-bit wgmma as sm90.py and q keeps its precision.
 
-Same plan, inputs and outputs as mla_sm90.py (its docstring has the pointer layouts and the
-causal rule); its softmax and P V partitions are reused as they are. What differs:
+Same plan, inputs and outputs as sm90.py (the pointer layouts are in
+mla_sm90_fp8_partial_kernel's docstring, the causal rule in sm90.py's); its softmax and P V
+partitions are reused as they are. What differs:
   * widen partition (4 warps, replaces the 1-warp loader): TMA loads of the e4m3 tile (9 boxes
     of [32 tokens, 64 cols], one "raw" barrier per tile) into a RAW_STAGES ring; then each box
     is read into registers, converted to 16 bits and stored into the NUM_STAGES ring of 16-bit
@@ -15,28 +16,31 @@ causal rule); its softmax and P V partitions are reused as they are. What differ
   * The descale is not applied while widening: it multiplies the softmax scale and the output
     (the softmax partition's HAS_DESCALE), so widening is a plain type conversion.
 Register split: softmax 256 + P V 200 + widen 48 = 504 (3 warpgroups x 168).
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: Gluon checks aggregate fields against their
+annotations, which must be classes, not strings.
+"""
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.language.core import _aggregate as aggregate
 
 from ..runtime import KernelLaunch
 from ..gluon_common import GL_DTYPES
 from .sm90 import kv_descriptor, common_args
-from .sm90_consumers import (BLOCK_M, BOX, NUM_BOXES, V_BOXES, allocate_state, box_view, load_q,
-                                 pv_partition, softmax_partition, work_item)
+from .sm90_consumers import pv_partition, softmax_partition
+from .sm90_state import (BLOCK_M, BOX, NUM_BOXES, V_BOXES, Buffers, Output, Pages, Scores,
+                         WorkItem, box_view)
 
 TILE_N = gl.constexpr(32)     # KV tokens per tile (see the module docstring)
 NUM_STAGES = 3                # widened 16-bit tiles
 RAW_STAGES = gl.constexpr(2)  # e4m3 tiles as loaded
 # softmax 256 + P V 200 + widen 48 = 504 (3 warpgroups x 168); at 208 / 40 the widen
 # warps spilled 8 bytes.
-PV_REGS = 200
-WIDEN_REGS = 48
+PV_REGS = gl.constexpr(200)
+WIDEN_REGS = gl.constexpr(48)
 
 
 # e4m3 -> bf16 without a conversion instruction: sign to bit 15, the 7 exponent-and-mantissa
@@ -44,8 +48,9 @@ WIDEN_REGS = 48
 # zero included) comes out exactly 2^-120 times the e4m3 value; BF16_WIDEN_SCALE = 2^120 goes
 # into the softmax and output scales. Five integer ops per two values, where Triton's
 # conversion goes through fp16 and one F2F.BF16.F16 per value on the slow conversion pipe
-# (SASS; ncu: the widen warps were the bottleneck). e4m3 NaN (0x7f) comes out finite; past-
-# the-end rows are zeroed by the softmax warpgroup anyway.
+# (SASS), and the widen warps are this kernel's bottleneck (docs/design.md, "MLA decode", "FP8
+# cache"). e4m3 NaN (0x7f) comes out finite; past-the-end rows are zeroed by the softmax
+# warpgroup anyway.
 _E4M3_TO_BF16_ASM = gl.constexpr("""{
     .reg .b32 lo, hi, t;
     prmt.b32 lo, $2, 0, 0x4140;
@@ -68,56 +73,79 @@ def _widen(x, dtype: gl.constexpr):
         return x.to(dtype)
 
 
-@gluon.jit
-def _load_raw(raw_desc, raw_smem, raw_ready, page_row, token, raw_stage,
-              PAGE_SIZE: gl.constexpr):
-    """TMA of the e4m3 tile at `token` (9 boxes, one barrier) into raw stage `raw_stage`."""
-    page = gl.load(page_row + token // PAGE_SIZE)
-    bar = raw_ready.index(raw_stage)
-    mbarrier.expect(bar, NUM_BOXES * raw_desc.block_type.nbytes)
-    for c in gl.static_range(NUM_BOXES):
-        tma.async_copy_global_to_shared(raw_desc, [page, token % PAGE_SIZE, c * BOX], bar,
-                                        raw_smem.index(raw_stage * NUM_BOXES + c))
+@aggregate
+class RawRing:
+    """The e4m3 tiles as TMA loads them: RAW_STAGES tiles of 9 boxes of [TILE_N tokens, 64
+    cols] (raw_desc's boxes), one "ready" barrier per tile."""
+    desc: tma.tensor_descriptor
+    smem: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, desc, smem, ready):
+        self.desc = desc
+        self.smem = smem
+        self.ready = ready
+
+    @gluon.jit
+    def allocate(desc):
+        smem = gl.allocate_shared_memory(
+            desc.dtype, [RAW_STAGES * NUM_BOXES] + desc.block_type.shape, desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(RAW_STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        return RawRing(desc, smem, ready)
+
+    @gluon.jit
+    def load(self, page_row, token, raw_stage, PAGE_SIZE: gl.constexpr):
+        """TMA of the e4m3 tile at `token` (9 boxes, one barrier) into raw stage `raw_stage`."""
+        page = gl.load(page_row + token // PAGE_SIZE)
+        bar = self.ready.index(raw_stage)
+        mbarrier.expect(bar, NUM_BOXES * self.desc.block_type.nbytes)
+        for c in gl.static_range(NUM_BOXES):
+            tma.async_copy_global_to_shared(self.desc, [page, token % PAGE_SIZE, c * BOX], bar,
+                                            self.smem.index(raw_stage * NUM_BOXES + c))
 
 
 @gluon.jit
-def _widen_partition(work_ptr, page_table_ptr, stride_page_table_b, q_desc, raw_desc,
-                     q_smem, raw_smem, kv_smem, rope_smem, q_ready, raw_ready, kv_ready, kv_empty,
-                     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr):
-    batch, kv_start, kv_end, slot = work_item(work_ptr)
-    load_q(q_desc, q_smem, q_ready, batch)
-    page_row = page_table_ptr + batch.to(gl.int64) * stride_page_table_b
-    num_tiles = gl.cdiv(kv_end - kv_start, TILE_N)
+def _widen_partition(work_ptr, smem, q_desc, raw, pages):
+    """Q's TMA, the raw ring's TMA, and the widening of each raw tile into the 16-bit ring
+    (4 warps)."""
+    item = WorkItem.load(work_ptr)
+    smem.load_q(q_desc, item.batch)
+    page_row = pages.row(item.batch)
+    PAGE_SIZE: gl.constexpr = pages.PAGE_SIZE
+    kv_smem = smem.kv_smem
+    num_tiles = gl.cdiv(item.kv_end - item.kv_start, TILE_N)
     for j in range(gl.minimum(RAW_STAGES, num_tiles)):
-        _load_raw(raw_desc, raw_smem, raw_ready, page_row, kv_start + j * TILE_N, j, PAGE_SIZE)
+        raw.load(page_row, item.kv_start + j * TILE_N, j, PAGE_SIZE)
     # 16 e4m3 (16 bytes) per thread per load: a [32, 64] box in one pass of 128 threads.
     box_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     for j in range(num_tiles):
         raw_stage = j % RAW_STAGES
-        stage = j % NUM_STAGES
-        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
-        mbarrier.wait(raw_ready.index(raw_stage), (j // RAW_STAGES) & 1)
+        stage = j % smem.NUM_STAGES
+        mbarrier.wait(smem.kv_empty.index(stage), ((j // smem.NUM_STAGES) & 1) ^ 1)
+        mbarrier.wait(raw.ready.index(raw_stage), (j // RAW_STAGES) & 1)
         # Three boxes per fence + barrier round trip, all three loaded before any is stored
         # (the loads would otherwise wait behind the stores: smem accesses stay in order).
         for g in gl.static_range(NUM_BOXES // 3):
             first = raw_stage * NUM_BOXES + 3 * g
-            x0 = box_view(raw_smem, first).load(box_layout)
-            x1 = box_view(raw_smem, first + 1).load(box_layout)
-            x2 = box_view(raw_smem, first + 2).load(box_layout)
+            x0 = box_view(raw.smem, first).load(box_layout)
+            x1 = box_view(raw.smem, first + 1).load(box_layout)
+            x2 = box_view(raw.smem, first + 2).load(box_layout)
             box_view(kv_smem, stage * V_BOXES + 3 * g).store(_widen(x0, kv_smem.dtype))
             box_view(kv_smem, stage * V_BOXES + 3 * g + 1).store(_widen(x1, kv_smem.dtype))
             if g < 2:
                 box_view(kv_smem, stage * V_BOXES + 3 * g + 2).store(_widen(x2, kv_smem.dtype))
             else:
-                box_view(rope_smem, stage).store(_widen(x2, kv_smem.dtype))
+                box_view(smem.rope_smem, stage).store(_widen(x2, kv_smem.dtype))
             fence_async_shared()
             gl.thread_barrier()
             for k in gl.static_range(3):
-                mbarrier.arrive(kv_ready.index(stage * NUM_BOXES + 3 * g + k), count=1)
+                mbarrier.arrive(smem.kv_ready.index(stage * NUM_BOXES + 3 * g + k), count=1)
         # Every thread has read raw stage `raw_stage` (the barrier above): refill it.
         if j + RAW_STAGES < num_tiles:
-            _load_raw(raw_desc, raw_smem, raw_ready, page_row, kv_start + (j + RAW_STAGES) * TILE_N,
-                      raw_stage, PAGE_SIZE)
+            raw.load(page_row, item.kv_start + (j + RAW_STAGES) * TILE_N, raw_stage, PAGE_SIZE)
 
 
 @gluon.jit
@@ -127,35 +155,31 @@ def mla_sm90_fp8_partial_kernel(
     stride_page_table_b, stride_ob, stride_os, stride_oh,
     num_heads, q_len, num_rows, softmax_scale_log2, output_scale,
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DESCALE: gl.constexpr,
-    PV_REGS: gl.constexpr, WIDEN_REGS: gl.constexpr,
 ):
-    (q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty, kv_ready,
-     kv_empty) = allocate_state(q_desc, NUM_STAGES, TILE_N)
-    raw_smem = gl.allocate_shared_memory(raw_desc.dtype, [RAW_STAGES * NUM_BOXES] + raw_desc.block_type.shape,
-                                         raw_desc.layout)
-    raw_ready = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(RAW_STAGES):
-        mbarrier.init(raw_ready.index(i), count=1)
-
+    """The partial results of one (row block, work item) from an e4m3 cache. Pointer layouts
+    (element strides) as mla_sm90_partial_kernel's, except:
+        raw_desc        TMA descriptor of the e4m3 cache [num_pages, PAGE_SIZE, 576], last dim
+                        contiguous, boxes [1, 32 tokens, 64]
+        kv_descale_ptr  float32 scalar, read only with HAS_DESCALE (else any valid pointer)
+    output_scale multiplies the output and the factor it undoes is in softmax_scale_log2 (the
+    bf16 widening's 2^-120)."""
+    smem = Buffers.allocate(q_desc, NUM_STAGES, TILE_N)
+    raw = RawRing.allocate(raw_desc)
+    output = Output(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, stride_ob, stride_os,
+                    stride_oh, num_heads, num_rows)
+    scores = Scores(seq_lens_ptr, q_len, softmax_scale_log2, output_scale, kv_descale_ptr,
+                    HAS_DESCALE)
+    pages = Pages(page_table_ptr, stride_page_table_b, PAGE_SIZE)
     gl.warp_specialize([
-        (softmax_partition, (work_ptr, seq_lens_ptr, out_ptr, lse_ptr, partial_out_ptr,
-                              partial_lse_ptr, stride_ob, stride_os, stride_oh, num_heads, q_len,
-                              num_rows, softmax_scale_log2, output_scale, kv_descale_ptr,
-                              q_smem, kv_smem,
-                              rope_smem, p_smem, alpha_smem, q_ready, kv_ready, kv_empty,
-                              p_ready, p_empty, NUM_STAGES, HAS_DESCALE)),
-        (pv_partition, (work_ptr, out_ptr, partial_out_ptr, stride_ob, stride_os, stride_oh,
-                         num_heads, num_rows, kv_smem, p_smem, alpha_smem,
-                         kv_ready, kv_empty, p_ready, p_empty, NUM_STAGES)),
-        (_widen_partition, (work_ptr, page_table_ptr, stride_page_table_b, q_desc, raw_desc,
-                            q_smem, raw_smem, kv_smem, rope_smem, q_ready, raw_ready, kv_ready,
-                            kv_empty, PAGE_SIZE, NUM_STAGES)),
+        (softmax_partition, (work_ptr, smem, output, scores)),
+        (pv_partition, (work_ptr, smem, output)),
+        (_widen_partition, (work_ptr, smem, q_desc, raw, pages)),
     ], [4, 4], [PV_REGS, WIDEN_REGS])
 
 
 def mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
                         softmax_scale: float) -> KernelLaunch:
-    """The partial-kernel launch for an e4m3 cache that mla_sm90.supports() accepted."""
+    """The partial-kernel launch for an e4m3 cache that sm90.supports_plan() accepted."""
     # bf16: the widened values are 2^-120 x the cache's (_E4M3_TO_BF16_ASM); the scales undo it.
     widen_scale = BF16_WIDEN_SCALE if q.dtype == torch.bfloat16 else 1.0
     args = common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale * widen_scale)
@@ -164,8 +188,7 @@ def mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse,
                 output_scale=widen_scale)
     num_rows = args["num_rows"]
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
-                      HAS_DESCALE=kv_descale is not None, PV_REGS=PV_REGS,
-                      WIDEN_REGS=WIDEN_REGS)
+                      HAS_DESCALE=kv_descale is not None)
     grid = (-(-num_rows // BLOCK_M.value), plan.num_work)
     return KernelLaunch(mla_sm90_fp8_partial_kernel, grid, args, constexprs, 4, 1)
 
