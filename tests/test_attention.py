@@ -160,6 +160,7 @@ def test_every_output_element_is_written():
     assert_close_to_reference(out, lse, q, k, v, True, {})
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs an sm90 arch row's layout on the CPU's tiles")
 def test_fp8_v_is_made_k_major_where_the_arch_needs_it(monkeypatch):
     """With an sm90 arch row, FP8 V reaches the kernel K-major; fp16 V is left alone."""
     seen = {}

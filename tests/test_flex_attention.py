@@ -15,7 +15,11 @@ from .conftest import LSE_TOLERANCES, TOLERANCES
 from .flex_cases import CASES, case, check_against_torch
 from .flex_reference import reference_attention_with_mods
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning"),
+    # CPU tensors in the interpreter; tests/gpu/test_flex_gpu.py runs these cases on a GPU.
+    pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run of the cases"),
+]
 
 
 @pytest.fixture(autouse=True)

@@ -219,6 +219,9 @@ def _write_once(directory: pathlib.Path, digest: str, source: str) -> pathlib.Pa
 def _bound_tensors(hook: TranslatedHook, found: closure.Captures, role: str,
                    device: torch.device) -> list[torch.Tensor]:
     tensors = hook.tensors(found)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     for tensor, name in zip(tensors, hook.names(found)):
         if tensor.device != device:
             raise ValueError(f"the {role} captures {name}, which is on {tensor.device}, but the "
