@@ -37,6 +37,7 @@ import triton
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import tileattn  # noqa: E402
+from tileattn.ops.decode import decode_plan, paged_decode  # noqa: E402
 from tileattn.arch import arch_of  # noqa: E402
 from tileattn.bench.common import copy_gbps, device_facts, spin_up, time_ms  # noqa: E402
 from tileattn.kernels.attention import decode as decode_kernels  # noqa: E402
