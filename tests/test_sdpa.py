@@ -1,0 +1,233 @@
+"""tileattn in SDPA's flash slot, on the CPU.
+
+SDPA dispatches to its flash backend only on CUDA (tests/gpu/test_sdpa_gpu.py checks that path
+end to end). Here: the registry bookkeeping (activate, restore, idempotence, the dispatcher's
+CUDA kernels), and the registered kernels called directly with CPU tensors through tileattn in
+the interpreter, against the fp64 reference, with the return conventions of torch's own flash
+ops (their meta functions in torch/_meta_registrations.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import tileattn
+from tileattn.integrations import features, sdpa
+
+from .conftest import LSE_TOLERANCES, TOLERANCES
+from .integration_references import attention_reference, attention_varlen_reference, counting
+
+attention_api = pytest.importorskip("torch.nn.attention")
+pytestmark = pytest.mark.skipif(not hasattr(attention_api, "register_flash_attention_impl"),
+                                reason="torch has no flash-attention registry (needs >= 2.13)")
+
+OPS = ("_scaled_dot_product_flash_attention", "_flash_attention_forward",
+       "_flash_attention_forward_no_dropout_inplace")
+HAS_VARLEN = features.has_varlen()
+
+
+def cuda_kernel_description(op):
+    try:
+        return repr(torch.library.get_kernel(f"aten::{op}", "CUDA"))
+    except RuntimeError as error:   # a CPU build has no CUDA kernel of its own
+        return str(error)
+
+
+def relative_error(x, reference):
+    return ((x.double() - reference.double()).norm() / reference.double().norm()).item()
+
+
+@pytest.fixture
+def restored():
+    yield
+    sdpa.restore()
+
+
+def test_activate_restore_bookkeeping(restored, caplog):
+    before = {op: cuda_kernel_description(op) for op in OPS}
+    sdpa.activate()
+    sdpa.activate()   # idempotent: one registration, still active
+    assert sdpa.is_active() and attention_api.current_flash_attention_impl() == sdpa.IMPL_NAME
+    assert sdpa.IMPL_NAME in attention_api.list_flash_attention_impls()
+    for op in OPS:
+        assert "tileattn/integrations/sdpa.py" in cuda_kernel_description(op)
+        rows = [row for row in torch._C._dispatch_dump_table(f"aten::{op}").splitlines()
+                if row.startswith("CUDA:")]
+        assert len(rows) == 1
+    sdpa.restore()
+    assert not sdpa.is_active() and attention_api.current_flash_attention_impl() is None
+    assert {op: cuda_kernel_description(op) for op in OPS} == before
+    with caplog.at_level(logging.WARNING):
+        sdpa.restore()   # nothing active: no-op, no warning from torch's registry
+    assert not caplog.records
+    assert sdpa.register() == sdpa.IMPL_NAME and not sdpa.is_active()
+
+
+def test_torch_without_the_registry_gets_a_clear_error(monkeypatch):
+    monkeypatch.delattr(attention_api, "register_flash_attention_impl")
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2.13"):
+        sdpa.activate()
+
+
+def bhsd(batch, heads, seqlen, head_dim, dtype, bshd_memory=False):
+    if bshd_memory:   # a [B, S, H, D] buffer seen as [B, H, S, D], as from a fused projection
+        return torch.randn(batch, seqlen, heads, head_dim, dtype=dtype).transpose(1, 2)
+    return torch.randn(batch, heads, seqlen, head_dim, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal, seqlen_q, seqlen_k, bshd_memory",
+                         [(False, 13, 37, False), (True, 29, 29, True), (True, 1, 19, False)])
+def test_sdpa_flash_forward_returns_torchs_conventions(dtype, causal, seqlen_q, seqlen_k,
+                                                       bshd_memory):
+    torch.manual_seed(0)
+    query = bhsd(2, 4, seqlen_q, 64, dtype, bshd_memory)
+    key, value = (bhsd(2, 2, seqlen_k, 64, dtype, bshd_memory) for _ in range(2))  # GQA 4/2
+    result = sdpa.scaled_dot_product_flash_attention(None, query, key, value, 0.0, causal, False,
+                                                     scale=0.1)
+    out, lse, cum_q, cum_k, max_q, max_k, seed, offset, debug = result
+    assert out.shape == query.shape and out.dtype == dtype
+    assert out.stride() == torch.empty_like(query).stride()
+    assert lse.shape == (2, 4, seqlen_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert cum_q is None and cum_k is None and (max_q, max_k) == (seqlen_q, seqlen_k)
+    assert seed.shape == (2,) and seed.dtype == torch.uint64 and offset.shape == ()
+    assert offset.dtype == torch.uint64 and debug.numel() == 0
+    expected, expected_lse = attention_reference(*(x.transpose(1, 2) for x in (query, key, value)),
+                                                 causal=causal, softmax_scale=0.1,
+                                                 out_dtype=torch.float64, return_lse=True)
+    assert relative_error(out.transpose(1, 2), expected) <= TOLERANCES[dtype]
+    lse_error = (lse - expected_lse).abs() / expected_lse.abs().clamp(min=1)
+    assert lse_error.max() <= LSE_TOLERANCES[dtype]
+
+
+def test_flash_forward_dense_and_in_place():
+    torch.manual_seed(1)
+    q = torch.randn(2, 21, 2, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 33, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    out, lse, seed, offset, debug = sdpa.flash_attention_forward(
+        None, q, k, v, None, None, 21, 33, 0.0, True, False)
+    expected = attention_reference(q, k, v, causal=True, out_dtype=torch.float64)
+    assert out.shape == q.shape and lse.shape == (2, 2, 21)
+    assert relative_error(out, expected) <= TOLERANCES[torch.bfloat16]
+    buffer = torch.full_like(q, float("nan"))    # poisoned: every element must be written
+    lse_in_place = sdpa.flash_attention_forward_no_dropout_inplace(
+        None, buffer, q, k, v, None, None, 21, 33, 0.0, True, False)
+    assert torch.equal(buffer, out) and torch.equal(lse_in_place, lse)
+
+
+def test_a_query_that_sees_no_key_gets_lse_plus_infinity():
+    """Causal with Sq > Sk, aligned bottom-right: the first Sq - Sk queries see nothing. Their
+    output is 0 and their lse +inf, so FlashAttention's backward gives them P = 0."""
+    q = torch.randn(1, 9, 2, 64, dtype=torch.float16)
+    k, v = (torch.randn(1, 5, 2, 64, dtype=torch.float16) for _ in range(2))
+    out, lse, *_ = sdpa.flash_attention_forward(None, q, k, v, None, None, 9, 5, 0.0, True, False)
+    assert torch.all(lse[:, :, :4] == float("inf")) and torch.isfinite(lse[:, :, 4:]).all()
+    assert torch.all(out[:, :4] == 0)
+
+
+def test_inputs_that_require_grad_are_taken_below_autograd():
+    """The kernels run under SDPA's autograd node, which owns the gradient."""
+    q, k, v = (torch.randn(1, 2, 7, 64, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = sdpa.scaled_dot_product_flash_attention(None, q, k, v, 0.0, True, False)[0]
+    assert not out.requires_grad
+
+
+@pytest.fixture(params=["tileattn", "standin"])
+def varlen(request, monkeypatch):
+    """The real attention_varlen (skipped until it lands) or the fp64 stand-in."""
+    if request.param == "tileattn" and not HAS_VARLEN:
+        pytest.skip("tileattn has no attention_varlen yet")
+    if request.param == "standin":
+        monkeypatch.setattr(tileattn, "attention_varlen", counting(attention_varlen_reference),
+                            raising=False)
+        monkeypatch.setattr(tileattn, "attention", counting(attention_reference))
+    return request.param
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (5, 0)])
+def test_packed_sequences_through_varlen(varlen, window):
+    if window != (-1, -1) and not features.varlen_takes("window_size"):
+        pytest.skip("this tileattn's attention_varlen has no window_size")
+    torch.manual_seed(2)
+    lengths_q, lengths_k = [5, 1, 12], [9, 14, 12]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    q = torch.randn(sum(lengths_q), 4, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    out, lse, *_ = sdpa.flash_attention_forward(None, q, k, v, cu_q, cu_k, 12, 14, 0.0, True,
+                                                False, window_size_left=window[0],
+                                                window_size_right=window[1])
+    expected, expected_lse = attention_varlen_reference(
+        q, k, v, cu_q, cu_k, 12, 14, causal=True, window_size=(window[0], -1),
+        out_dtype=torch.float64, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (4, sum(lengths_q))
+    assert relative_error(out, expected) <= TOLERANCES[torch.bfloat16]
+    assert torch.allclose(lse, expected_lse.float(), rtol=LSE_TOLERANCES[torch.bfloat16])
+
+
+class Recorder:
+    """Stands in for the CUDA kernel tileattn replaced; records what it is handed."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call_boxed(self, keyset, *args, **kwargs):
+        self.calls.append((keyset, args, kwargs))
+        return "torch's result"
+
+
+UNSUPPORTED = {
+    "dropout": dict(dropout_p=0.1),
+    "debug mask": dict(return_debug_mask=True),
+    "head dim 80": dict(head_dim=80),
+    "float32": dict(dtype=torch.float32),
+    "seqused_k": dict(seqused_k=torch.tensor([5], dtype=torch.int32)),
+    "paged dense": dict(block_table=torch.zeros(1, 1, dtype=torch.int32)),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED))
+def test_unsupported_calls_go_to_torchs_kernel(case, monkeypatch):
+    settings = dict(dropout_p=0.0, return_debug_mask=False, head_dim=64, dtype=torch.float16)
+    settings.update(UNSUPPORTED[case])
+    extra = {name: settings.pop(name) for name in ("seqused_k", "block_table") if name in settings}
+    recorders = {op: Recorder() for op in OPS}
+    monkeypatch.setattr(sdpa, "_REPLACED", recorders)
+    monkeypatch.setattr(tileattn, "attention", counting(tileattn.attention))
+    q, k, v = (torch.randn(1, 5, 2, settings["head_dim"], dtype=settings["dtype"])
+               for _ in range(3))
+    flags = (settings["dropout_p"], False, settings["return_debug_mask"])
+    if not extra:
+        keyset = object()
+        bhsd_inputs = (x.transpose(1, 2) for x in (q, k, v))
+        assert sdpa.scaled_dot_product_flash_attention(keyset, *bhsd_inputs, *flags,
+                                                       scale=0.5) == "torch's result"
+        called = recorders["_scaled_dot_product_flash_attention"].calls
+        assert called[0][0] is keyset and called[0][2] == {"scale": 0.5}
+    assert sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, *flags,
+                                        **extra) == "torch's result"
+    assert recorders["_flash_attention_forward"].calls[0][1][:3] == (q, k, v)
+    assert not tileattn.attention.calls
+    monkeypatch.setattr(sdpa, "_REPLACED", {})   # a build without CUDA kernels: a clear error
+    with pytest.raises(RuntimeError, match="does not take this"):
+        sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, *flags, **extra)
+
+
+def test_features_tileattn_lacks_go_to_torchs_kernel(monkeypatch):
+    recorders = {op: Recorder() for op in OPS}
+    monkeypatch.setattr(sdpa, "_REPLACED", recorders)
+    q, k, v = (torch.randn(1, 5, 2, 64, dtype=torch.float16) for _ in range(3))
+    window = dict(window_size_left=2, window_size_right=0)
+    alibi = dict(alibi_slopes=torch.ones(2))
+    for options, feature in ((window, "window_size"), (alibi, "alibi_slopes")):
+        result = sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, 0.0, True, False,
+                                              **options)
+        assert (result == "torch's result") == (not features.attention_takes(feature))
+    # a causal right bound of 0 is causal itself: no window feature needed
+    out = sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, 0.0, True, False,
+                                       window_size_left=-1, window_size_right=0)[0]
+    assert out.shape == q.shape
