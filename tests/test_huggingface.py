@@ -24,11 +24,10 @@ from tileattn.integrations import features, huggingface  # noqa: E402
 from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS,  # noqa: E402
                                         create_causal_mask)
 
-from .integration_references import (attention_reference,  # noqa: E402
-                                     attention_varlen_reference, counting)
+from .integration_references import (ROUNDING_UNIT, attention_reference,  # noqa: E402
+                                     attention_varlen_reference, counting, relative_error)
 
 NAME = huggingface.register()
-ROUNDING_UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 SEQLEN = 11     # odd, not a multiple of any block size
 PAD = 3         # padding tokens in the second row
 
@@ -77,10 +76,6 @@ def logits(model, implementation, ids, mask, **kwargs):
     model.set_attn_implementation(implementation)
     with torch.no_grad():
         return model(ids, attention_mask=mask, **kwargs).logits.float()
-
-
-def relative_error(x, reference):
-    return ((x - reference).norm() / reference.norm()).item()
 
 
 def assert_close_to_eager(model, ids, mask, dtype, **kwargs):

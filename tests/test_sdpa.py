@@ -18,7 +18,8 @@ import tileattn
 from tileattn.integrations import features, sdpa
 
 from .conftest import LSE_TOLERANCES, TOLERANCES
-from .integration_references import attention_reference, attention_varlen_reference, counting
+from .integration_references import (attention_reference, attention_varlen_reference, counting,
+                                     relative_error)
 
 attention_api = pytest.importorskip("torch.nn.attention")
 pytestmark = pytest.mark.skipif(not hasattr(attention_api, "register_flash_attention_impl"),
@@ -34,10 +35,6 @@ def cuda_kernel_description(op):
         return repr(torch.library.get_kernel(f"aten::{op}", "CUDA"))
     except RuntimeError as error:   # a CPU build has no CUDA kernel of its own
         return str(error)
-
-
-def relative_error(x, reference):
-    return ((x.double() - reference.double()).norm() / reference.double().norm()).item()
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ or without torch's flash-attention registry (torch < 2.13).
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +18,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tileattn
 from tileattn.integrations import features, sdpa
 
-from ..integration_references import attention_varlen_reference
+from ..integration_references import (ROUNDING_UNIT, attention_varlen_reference, counting,
+                                      relative_error)
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -28,7 +27,6 @@ pytestmark = [
                        reason="torch has no flash-attention registry (needs >= 2.13)"),
 ]
 
-ROUNDING_UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 HEAD_DIMS = [64, 96, 128, 192, 256]
 # (batch, num_q_heads, num_kv_heads, seqlen_q, seqlen_k); causal runs only where Sq == Sk,
 # since SDPA's is_causal aligns top-left and its flash backend refuses Sq != Sk with it.
@@ -38,15 +36,11 @@ SHAPES = [(2, 8, 8, 1000, 1000), (1, 4, 4, 4097, 4097), (3, 8, 8, 1, 4097), (2, 
 
 @pytest.fixture
 def tileattn_calls(monkeypatch):
-    calls = []
-    real = tileattn.attention
-
-    @functools.wraps(real)
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(tileattn, "attention", counted)
-    yield calls
+    """tileattn.attention's calls while the test runs; torch's kernels restored afterwards."""
+    monkeypatch.setattr(tileattn, "attention", counting(tileattn.attention))
+    if features.has_varlen():
+        monkeypatch.setattr(tileattn, "attention_varlen", counting(tileattn.attention_varlen))
+    yield tileattn.attention.calls
     sdpa.restore()
 
 
@@ -68,10 +62,6 @@ def run_sdpa(q, k, v, grad_out, causal, backend, dropout_p=0.0):
                                              enable_gqa=q.shape[1] != k.shape[1])
     out.backward(grad_out.to(out.dtype))
     return out.detach(), q.grad, k.grad, v.grad
-
-
-def relative_error(x, reference):
-    return float((x.double() - reference).norm() / reference.norm())
 
 
 def compare_active_and_restored(q, k, v, grad_out, causal, calls):
@@ -146,15 +136,6 @@ def test_varlen_attn(window, tileattn_calls):
     from torch.nn.attention.varlen import varlen_attn
     if window[0] >= 0 and not features.varlen_takes("window_size"):
         pytest.skip("tileattn's attention_varlen has no window_size yet")
-    calls = []
-    real = tileattn.attention_varlen
-
-    @functools.wraps(real)
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-    tileattn_varlen = pytest.MonkeyPatch()
-    tileattn_varlen.setattr(tileattn, "attention_varlen", counted)
     lengths = [1000, 17, 2049, 333]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")
@@ -178,15 +159,12 @@ def test_varlen_attn(window, tileattn_calls):
         causal = window[1] == 0
         return attention_varlen_reference(q, k, v, cu, cu, max(lengths), max(lengths),
                                           causal=causal, window_size=window)
-    try:
-        ref = run(torch.float64, reference)
-        restored = run(torch.bfloat16, torch_varlen)
-        sdpa.activate()
-        active = run(torch.bfloat16, torch_varlen)
-        sdpa.restore()
-    finally:
-        tileattn_varlen.undo()
-    assert calls
+    ref = run(torch.float64, reference)
+    restored = run(torch.bfloat16, torch_varlen)
+    sdpa.activate()
+    active = run(torch.bfloat16, torch_varlen)
+    sdpa.restore()
+    assert tileattn.attention_varlen.calls, "varlen_attn did not reach tileattn"
     for name, got, torchs, expected in zip(("out", "dq", "dk", "dv"), active, restored, ref):
         bound = 2 * relative_error(torchs, expected) + ROUNDING_UNIT[torch.bfloat16]
         assert relative_error(got, expected) <= bound, name
