@@ -4,9 +4,7 @@ Each model runs in bf16 (Llama also fp16) with attn_implementation="tileattn" an
 same weights; both are compared with the same weights in float32 under eager attention. The
 tolerance follows FA3's yardstick: tileattn's relative L2 error in the logits may be at most
 twice eager's own error in that dtype, plus one rounding unit of the dtype (bf16 2^-8, fp16
-2^-11). Paths that need a feature this tree lacks (attention_varlen for padding/packing,
-window_size, softcap) run twice: with the real tileattn (skipped until the feature exists) and
-with the fp64 stand-ins of tests/integration_references.py, which check the glue now.
+2^-11). Each test checks that the calls reached tileattn (and did not fall back to eager).
 """
 
 from __future__ import annotations
@@ -20,12 +18,13 @@ import tileattn
 
 transformers = pytest.importorskip("transformers")
 
-from tileattn.integrations import features, huggingface  # noqa: E402
+from tileattn.integrations import huggingface  # noqa: E402
+from tileattn.reference import attention_reference  # noqa: E402
 from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS,  # noqa: E402
                                         create_causal_mask)
 
-from .integration_references import (ROUNDING_UNIT, attention_reference,  # noqa: E402
-                                     attention_varlen_reference, counting, relative_error)
+from .conftest import TOLERANCES  # noqa: E402
+from .integration_helpers import ROUNDING_UNIT, counting, relative_error  # noqa: E402
 
 NAME = huggingface.register()
 SEQLEN = 11     # odd, not a multiple of any block size
@@ -44,9 +43,6 @@ CONFIGS = {
         **COMMON, sliding_window=4, attn_logit_softcapping=2.0, query_pre_attn_scalar=32,
         layer_types=["sliding_attention", "full_attention"]),
 }
-NEEDS = {"llama": (), "qwen2": (), "mistral": ("window_size",),
-         "gemma2": ("window_size", "softcap")}
-
 
 def make_model(family, dtype=torch.bfloat16, device="cpu", **overrides):
     torch.manual_seed(0)
@@ -90,43 +86,14 @@ def assert_close_to_eager(model, ids, mask, dtype, **kwargs):
     assert relative_error(got, reference) <= bound
 
 
-# What the real tileattn has, probed before any test patches in a stand-in.
-REAL_FEATURES = {
-    "varlen": features.has_varlen(),
-    **{need: features.attention_takes(need) and (not features.has_varlen()
-                                                 or features.varlen_takes(need))
-       for need in ("window_size", "softcap")},
-}
-
-
-@pytest.fixture(params=["tileattn", "standin"])
-def backend(request, monkeypatch):
-    """'tileattn': the real functions (a test skips if a feature it needs is missing).
-    'standin': fp64 stand-ins with the documented semantics (tests/integration_references.py)."""
-    if request.param == "standin":
-        monkeypatch.setattr(tileattn, "attention", counting(attention_reference))
-        monkeypatch.setattr(tileattn, "attention_varlen", counting(attention_varlen_reference),
-                            raising=False)
-    else:
-        monkeypatch.setattr(tileattn, "attention", counting(tileattn.attention))
-        if features.has_varlen():
-            monkeypatch.setattr(tileattn, "attention_varlen", counting(tileattn.attention_varlen))
-    return request.param
-
-
-def require(backend, *needs):
-    """Run a path on the real tileattn when it has every feature the path needs, else on the
-    stand-ins: the other run of the pair skips."""
-    missing = [need for need in needs if not REAL_FEATURES[need]]
-    if backend == "tileattn" and missing:
-        pytest.skip(f"tileattn has no {', '.join(missing)} yet")
-    if backend == "standin" and not missing:
-        pytest.skip("the real tileattn has every feature this path needs")
-
-
-def tileattn_calls():
-    varlen = getattr(tileattn, "attention_varlen", None)
-    return len(tileattn.attention.calls) + len(getattr(varlen, "calls", []))
+@pytest.fixture(autouse=True)
+def tileattn_calls(monkeypatch):
+    """The positional arguments of each call that reaches tileattn in a test, by function."""
+    calls = {}
+    for name in ("attention", "attention_varlen"):
+        monkeypatch.setattr(tileattn, name, counting(getattr(tileattn, name)))
+        calls[name] = getattr(tileattn, name).calls
+    return calls
 
 
 @pytest.fixture(autouse=True)
@@ -213,12 +180,14 @@ def test_mask_patterns_beyond_causal_get_eager_masks_and_run_eager():
 
 @pytest.mark.parametrize("family", list(CONFIGS))
 @pytest.mark.parametrize("padding", ["none", "left", "right"])
-def test_logits_match_eager(family, padding, backend):
-    require(backend, *NEEDS[family], *(("varlen",) if padding != "none" else ()))
+def test_logits_match_eager(family, padding, tileattn_calls):
+    """Padded batches go through attention_varlen; Mistral and Gemma-2's sliding window (4 keys,
+    shorter than the sequence) and Gemma-2's softcap and 32^-0.5 scaling through the kernel."""
     model = make_model(family)
     ids, mask = inputs(padding)
     assert_close_to_eager(model, ids, mask, torch.bfloat16)
-    assert tileattn_calls() == model.config.num_hidden_layers
+    used = "attention" if padding == "none" else "attention_varlen"
+    assert len(tileattn_calls[used]) == model.config.num_hidden_layers
 
 
 def test_logits_match_eager_fp16():
@@ -227,31 +196,28 @@ def test_logits_match_eager_fp16():
     assert_close_to_eager(model, ids, mask, torch.float16)
 
 
-def test_q_k_v_reach_tileattn_as_views(monkeypatch):
+def test_q_k_v_reach_tileattn_as_views(tileattn_calls):
     """[B, H, S, D] -> [B, S, H, D] by strides: tileattn reads transformers' tensors in place.
     Sq < Sk (a decode step): causal aligned bottom-right, checked against the fp64 reference."""
-    monkeypatch.setattr(tileattn, "attention", counting(tileattn.attention))
     module = make_model("llama").model.layers[0].self_attn
     module.config._attn_implementation = NAME
     query = torch.randn(2, 2, 5, 64, dtype=torch.bfloat16)
     key, value = (torch.randn(2, 1, 9, 64, dtype=torch.bfloat16) for _ in range(2))
     out, weights = huggingface.attention_forward(module, query, key, value, None, scaling=0.125)
     assert weights is None and out.shape == (2, 5, 2, 64)
-    for given, passed in zip((query, key, value), tileattn.attention.calls[0]):
+    for given, passed in zip((query, key, value), tileattn_calls["attention"][0]):
         assert passed.data_ptr() == given.data_ptr()
         assert passed.stride() == given.transpose(1, 2).stride()
-    expected = attention_reference(*(x.transpose(1, 2) for x in (query, key, value)),
-                                   causal=True, softmax_scale=0.125)
-    from .conftest import TOLERANCES
-    assert relative_error(out.float(), expected.float()) <= TOLERANCES[torch.bfloat16]
+    expected, _ = attention_reference(*(x.transpose(1, 2) for x in (query, key, value)),
+                                      causal=True, softmax_scale=0.125)
+    assert relative_error(out, expected) <= TOLERANCES[torch.bfloat16]
 
 
 @pytest.mark.parametrize("family, padding", [("llama", "none"), ("llama", "left"),
                                              ("mistral", "left"), ("gemma2", "left")])
-def test_greedy_generation_matches_eager(family, padding, backend):
+def test_greedy_generation_matches_eager(family, padding):
     """Prefill then Sq = 1 decode steps against the KV cache agree with eager generation
     (assert_generations_agree: tokens, and each step's logits against float32 eager)."""
-    require(backend, *NEEDS[family], *(("varlen",) if padding != "none" else ()))
     model = make_model(family)
     ids, mask = inputs(padding)
     new_tokens = 3
@@ -305,10 +271,9 @@ def test_static_cache_generation_uses_only_written_slots():
     assert_generations_agree(model, ids, mask, generated[NAME], generated["eager"])
 
 
-def test_packed_sequences_through_position_ids(backend):
+def test_packed_sequences_through_position_ids(tileattn_calls):
     """position_ids restarting inside a row (padding-free training batches, no KV cache) split
     the row into independent causal sequences, as transformers' eager mask does."""
-    require(backend, "varlen")
     model = make_model("llama")
     ids, _ = inputs("none")
     ids = ids[:1]
@@ -318,7 +283,7 @@ def test_packed_sequences_through_position_ids(backend):
     reference = logits(model.float(), "eager", ids, None, **packed)
     bound = 2 * relative_error(eager, reference) + ROUNDING_UNIT[torch.bfloat16]
     assert relative_error(got, reference) <= bound
-    assert len(tileattn.attention_varlen.calls) == model.config.num_hidden_layers
+    assert len(tileattn_calls["attention_varlen"]) == model.config.num_hidden_layers
 
 
 def test_fp8_opt_in_quantizes_per_head(monkeypatch):
@@ -326,7 +291,6 @@ def test_fp8_opt_in_quantizes_per_head(monkeypatch):
     every call. Each call's output is within the FP8 tolerance (tests/conftest.py) of the fp64
     reference on the dequantized inputs; the logits are within twice bf16 eager's distance from
     float32 eager on the same quantized inputs, plus that FP8 tolerance (P rounded to e4m3)."""
-    from .conftest import TOLERANCES
     calls = []
     real = tileattn.attention
     def recorded(q, k, v, **options):
@@ -341,10 +305,10 @@ def test_fp8_opt_in_quantizes_per_head(monkeypatch):
     for q, k, v, options, out in calls:
         assert q.dtype == k.dtype == v.dtype == torch.float8_e4m3fn and out.dtype == torch.bfloat16
         assert options["q_descale"].shape == (2, 2) and options["k_descale"].shape == (2, 1)
-        dequantized = [x.float() * options[f"{n}_descale"][:, None, :, None]
-                       for n, x in zip("qkv", (q, k, v))]
-        expected = attention_reference(*dequantized, causal=True)
-        assert relative_error(out.float(), expected.float()) <= TOLERANCES[torch.float8_e4m3fn]
+        expected, _ = attention_reference(q, k, v, causal=True, q_descale=options["q_descale"],
+                                          k_descale=options["k_descale"],
+                                          v_descale=options["v_descale"])
+        assert relative_error(out, expected) <= TOLERANCES[torch.float8_e4m3fn]
 
     assert_fp8_logits_close(model, got, ids, mask)
 
@@ -352,7 +316,6 @@ def test_fp8_opt_in_quantizes_per_head(monkeypatch):
 def assert_fp8_logits_close(model, got, ids, mask):
     """FP8 logits within twice bf16 eager's distance from float32 eager on the same quantized
     inputs (q, k, v rounded to e4m3 per head and back), plus the FP8 attention tolerance."""
-    from .conftest import TOLERANCES
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     def quantized_eager(module, query, key, value, attention_mask, **kwargs):
@@ -399,14 +362,14 @@ def test_unsupported_head_dim_falls_back_to_eager():
     run_falls_back(make_model("llama", head_dim=32), "head dim 32")
 
 
-def test_float32_falls_back_outside_autocast_and_runs_tileattn_inside(monkeypatch):
+def test_float32_falls_back_outside_autocast_and_runs_tileattn_inside(tileattn_calls):
     run_falls_back(make_model("llama", torch.float32), "dtypes")
-    monkeypatch.setattr(tileattn, "attention", counting(tileattn.attention))
+    assert not tileattn_calls["attention"] and not tileattn_calls["attention_varlen"]
     model = make_model("llama", torch.float32)
     ids, mask = inputs("none")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits(model, NAME, ids, mask)
-    assert len(tileattn.attention.calls) == model.config.num_hidden_layers
+    assert len(tileattn_calls["attention"]) == model.config.num_hidden_layers
 
 
 def test_output_attentions_falls_back_and_returns_weights():

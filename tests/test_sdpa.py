@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import tileattn
-from tileattn.integrations import features, sdpa
+from tileattn.integrations import sdpa
+from tileattn.reference import attention_reference, attention_varlen_reference
 
 from .conftest import LSE_TOLERANCES, TOLERANCES
-from .integration_references import (attention_reference, attention_varlen_reference, counting,
-                                     relative_error)
+from .integration_helpers import counting, relative_error
 
 attention_api = pytest.importorskip("torch.nn.attention")
 pytestmark = pytest.mark.skipif(not hasattr(attention_api, "register_flash_attention_impl"),
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.skipif(not hasattr(attention_api, "register_flash_atten
 
 OPS = ("_scaled_dot_product_flash_attention", "_flash_attention_forward",
        "_flash_attention_forward_no_dropout_inplace")
-HAS_VARLEN = features.has_varlen()
 
 
 def cuda_kernel_description(op):
@@ -93,8 +92,7 @@ def test_sdpa_flash_forward_returns_torchs_conventions(dtype, causal, seqlen_q, 
     assert seed.shape == (2,) and seed.dtype == torch.uint64 and offset.shape == ()
     assert offset.dtype == torch.uint64 and debug.numel() == 0
     expected, expected_lse = attention_reference(*(x.transpose(1, 2) for x in (query, key, value)),
-                                                 causal=causal, softmax_scale=0.1,
-                                                 out_dtype=torch.float64, return_lse=True)
+                                                 causal=causal, softmax_scale=0.1)
     assert relative_error(out.transpose(1, 2), expected) <= TOLERANCES[dtype]
     lse_error = (lse - expected_lse).abs() / expected_lse.abs().clamp(min=1)
     assert lse_error.max() <= LSE_TOLERANCES[dtype]
@@ -106,7 +104,7 @@ def test_flash_forward_dense_and_in_place():
     k, v = (torch.randn(2, 33, 1, 128, dtype=torch.bfloat16) for _ in range(2))
     out, lse, seed, offset, debug = sdpa.flash_attention_forward(
         None, q, k, v, None, None, 21, 33, 0.0, True, False)
-    expected = attention_reference(q, k, v, causal=True, out_dtype=torch.float64)
+    expected, _ = attention_reference(q, k, v, causal=True)
     assert out.shape == q.shape and lse.shape == (2, 2, 21)
     assert relative_error(out, expected) <= TOLERANCES[torch.bfloat16]
     buffer = torch.full_like(q, float("nan"))    # poisoned: every element must be written
@@ -133,37 +131,54 @@ def test_inputs_that_require_grad_are_taken_below_autograd():
     assert not out.requires_grad
 
 
-@pytest.fixture(params=["tileattn", "standin"])
-def varlen(request, monkeypatch):
-    """The real attention_varlen (skipped until it lands) or the fp64 stand-in."""
-    if request.param == "tileattn" and not HAS_VARLEN:
-        pytest.skip("tileattn has no attention_varlen yet")
-    if request.param == "standin":
-        monkeypatch.setattr(tileattn, "attention_varlen", counting(attention_varlen_reference),
-                            raising=False)
-        monkeypatch.setattr(tileattn, "attention", counting(attention_reference))
-    return request.param
+def test_windows_and_alibi():
+    """FlashAttention's window (None/-1 unbounded; a causal right bound of 0 is causal itself)
+    and ALiBi slopes reach tileattn.attention as window_size and alibi_slopes."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 17, 4, 64, dtype=torch.float16)
+    k, v = (torch.randn(2, 23, 2, 64, dtype=torch.float16) for _ in range(2))
+    slopes = torch.rand(4, dtype=torch.float32)
+    for causal, left, right, alibi in ((True, 5, 0, None), (False, 3, 2, slopes),
+                                       (True, -1, 0, slopes), (False, None, None, None)):
+        out, lse, *_ = sdpa.flash_attention_forward(
+            None, q, k, v, None, None, 17, 23, 0.0, causal, False, window_size_left=left,
+            window_size_right=right, alibi_slopes=alibi)
+        window = (-1 if left is None else left, -1 if right is None else right)
+        expected, _ = attention_reference(q, k, v, causal=causal, window_size=window,
+                                          alibi_slopes=alibi)
+        assert relative_error(out, expected) <= TOLERANCES[torch.float16], (causal, left, right)
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (5, 0)])
-def test_packed_sequences_through_varlen(varlen, window):
-    if window != (-1, -1) and not features.varlen_takes("window_size"):
-        pytest.skip("this tileattn's attention_varlen has no window_size")
+@pytest.mark.parametrize("paged", [False, True])
+def test_packed_sequences_through_varlen(window, paged):
+    """cu_seqlens (torch.nn.attention.varlen's path) go to attention_varlen; its logsumexp is
+    FlashAttention's [H, total_q]. Paged: k/v in a cache of 4-key pages through block_table."""
     torch.manual_seed(2)
     lengths_q, lengths_k = [5, 1, 12], [9, 14, 12]
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
                   for n in (lengths_q, lengths_k))
     q = torch.randn(sum(lengths_q), 4, 64, dtype=torch.bfloat16)
     k, v = (torch.randn(sum(lengths_k), 2, 64, dtype=torch.bfloat16) for _ in range(2))
-    out, lse, *_ = sdpa.flash_attention_forward(None, q, k, v, cu_q, cu_k, 12, 14, 0.0, True,
-                                                False, window_size_left=window[0],
-                                                window_size_right=window[1])
-    expected, expected_lse = attention_varlen_reference(
-        q, k, v, cu_q, cu_k, 12, 14, causal=True, window_size=(window[0], -1),
-        out_dtype=torch.float64, return_lse=True)
+    k_in, v_in, block_table = k, v, None
+    if paged:   # 4 keys per page, each sequence's pages shuffled; unused slots poisoned (NaN)
+        block_table = torch.randperm(12).view(3, 4).to(torch.int32)
+        k_in, v_in = (torch.full((12, 4, 2, 64), float("nan"), dtype=torch.bfloat16)
+                      for _ in range(2))
+        for b, (start, length) in enumerate(zip(cu_k[:-1].tolist(), lengths_k)):
+            rows = torch.arange(length)
+            slots = (block_table[b].long()[rows // 4], rows % 4)
+            k_in[slots], v_in[slots] = k[start:start + length], v[start:start + length]
+    out, lse, *_ = sdpa.flash_attention_forward(None, q, k_in, v_in, cu_q, cu_k, 12, 14, 0.0,
+                                                True, False, window_size_left=window[0],
+                                                window_size_right=window[1],
+                                                block_table=block_table)
+    expected, expected_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=True,
+                                                        window_size=window)
     assert out.shape == q.shape and lse.shape == (4, sum(lengths_q))
     assert relative_error(out, expected) <= TOLERANCES[torch.bfloat16]
-    assert torch.allclose(lse, expected_lse.float(), rtol=LSE_TOLERANCES[torch.bfloat16])
+    lse_error = (lse - expected_lse).abs() / expected_lse.abs().clamp(min=1)
+    assert lse_error.max() <= LSE_TOLERANCES[torch.bfloat16]
 
 
 class Recorder:
@@ -212,19 +227,3 @@ def test_unsupported_calls_go_to_torchs_kernel(case, monkeypatch):
     monkeypatch.setattr(sdpa, "_REPLACED", {})   # a build without CUDA kernels: a clear error
     with pytest.raises(RuntimeError, match="does not take this"):
         sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, *flags, **extra)
-
-
-def test_features_tileattn_lacks_go_to_torchs_kernel(monkeypatch):
-    recorders = {op: Recorder() for op in OPS}
-    monkeypatch.setattr(sdpa, "_REPLACED", recorders)
-    q, k, v = (torch.randn(1, 5, 2, 64, dtype=torch.float16) for _ in range(3))
-    window = dict(window_size_left=2, window_size_right=0)
-    alibi = dict(alibi_slopes=torch.ones(2))
-    for options, feature in ((window, "window_size"), (alibi, "alibi_slopes")):
-        result = sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, 0.0, True, False,
-                                              **options)
-        assert (result == "torch's result") == (not features.attention_takes(feature))
-    # a causal right bound of 0 is causal itself: no window feature needed
-    out = sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, 0.0, True, False,
-                                       window_size_left=-1, window_size_right=0)[0]
-    assert out.shape == q.shape

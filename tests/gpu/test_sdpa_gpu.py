@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tileattn
-from tileattn.integrations import features, sdpa
+from tileattn.integrations import sdpa
+from tileattn.reference import attention_varlen_reference
 
-from ..integration_references import (ROUNDING_UNIT, attention_varlen_reference, counting,
-                                      relative_error)
+from ..integration_helpers import ROUNDING_UNIT, counting, relative_error
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -38,8 +38,7 @@ SHAPES = [(2, 8, 8, 1000, 1000), (1, 4, 4, 4097, 4097), (3, 8, 8, 1, 4097), (2, 
 def tileattn_calls(monkeypatch):
     """tileattn.attention's calls while the test runs; torch's kernels restored afterwards."""
     monkeypatch.setattr(tileattn, "attention", counting(tileattn.attention))
-    if features.has_varlen():
-        monkeypatch.setattr(tileattn, "attention_varlen", counting(tileattn.attention_varlen))
+    monkeypatch.setattr(tileattn, "attention_varlen", counting(tileattn.attention_varlen))
     yield tileattn.attention.calls
     sdpa.restore()
 
@@ -128,14 +127,11 @@ def test_restore_gives_back_torchs_kernels(tileattn_calls):
     assert [repr(torch.library.get_kernel(f"aten::{op}", "CUDA")) for op in ops] == before
 
 
-@pytest.mark.skipif(not features.has_varlen(), reason="tileattn has no attention_varlen yet")
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (127, 0)])
 def test_varlen_attn(window, tileattn_calls):
     """torch.nn.attention.varlen.varlen_attn (packed sequences, its own autograd through
     aten::_flash_attention_backward) with tileattn active vs restored vs fp64."""
     from torch.nn.attention.varlen import varlen_attn
-    if window[0] >= 0 and not features.varlen_takes("window_size"):
-        pytest.skip("tileattn's attention_varlen has no window_size yet")
     lengths = [1000, 17, 2049, 333]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")
@@ -156,9 +152,7 @@ def test_varlen_attn(window, tileattn_calls):
                            enable_gqa=True)
 
     def reference(q, k, v):
-        causal = window[1] == 0
-        return attention_varlen_reference(q, k, v, cu, cu, max(lengths), max(lengths),
-                                          causal=causal, window_size=window)
+        return attention_varlen_reference(q, k, v, cu, cu, window_size=window)[0]
     ref = run(torch.float64, reference)
     restored = run(torch.bfloat16, torch_varlen)
     sdpa.activate()

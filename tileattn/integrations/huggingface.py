@@ -23,9 +23,9 @@ at position p see keys p - sliding_window < j <= p (sliding_window_overlay). Gem
 attn_logit_softcapping arrives as softcap.
 
 A call tileattn cannot compute exactly runs on the model's own eager attention instead, with one
-FallbackWarning per reason (see _unsupported_reason and _missing_feature). Inputs that require
-grad are passed on as they are: tileattn refuses them until it has a backward pass, and this
-module does not hide that error.
+FallbackWarning per reason (see _unsupported_reason). Inputs that require grad are passed on as
+they are: tileattn refuses them until it has a backward pass, and this module does not hide
+that error.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 
 import tileattn
 
-from . import features
+from .support import HALF_DTYPES, SUPPORTED_HEAD_DIMS
 
 __all__ = ["FallbackWarning", "attention_forward", "padding_mask", "register"]
 
@@ -137,10 +137,6 @@ class _Tokens:
     def dense(self) -> bool:
         return self.cu_seqlens_q is None
 
-    @property
-    def longest_keys(self) -> int:
-        return self.num_keys if self.dense else self.max_seqlen_k
-
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                       sliding_window=None, softcap=None, is_causal=None, *, fp8=False, **kwargs):
@@ -151,16 +147,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     query, key, value = _compute_dtype_inputs(query, key, value)
     reason = _unsupported_reason(module, query, key, value, attention_mask, dropout, causal,
                                  sliding_window, kwargs)
-    tokens = None
-    if reason is None:
-        tokens = _tokens(query, key, attention_mask, kwargs)
-        reason = _missing_feature(tokens, sliding_window, softcap)
     if reason is not None:
         return _eager_fallback(reason, module, query, key, value, attention_mask, dropout,
                                scaling, sliding_window, softcap, causal, kwargs)
 
+    tokens = _tokens(query, key, attention_mask, kwargs)
     options = {"causal": causal, "softmax_scale": scaling}
-    if sliding_window is not None and tokens.longest_keys > sliding_window:
+    if sliding_window is not None:
         options["window_size"] = (sliding_window - 1, 0)
     if softcap:
         options["softcap"] = float(softcap)
@@ -188,14 +181,14 @@ def _compute_dtype_inputs(query, key, value):
     if (any(x.dtype == torch.float32 for x in (query, key, value))
             and torch.is_autocast_enabled(device_type)):
         dtype = torch.get_autocast_dtype(device_type)
-        if dtype in features.HALF_DTYPES:
+        if dtype in HALF_DTYPES:
             return query.to(dtype), key.to(dtype), value.to(dtype)
     return query, key, value
 
 
 def _unsupported_reason(module, query, key, value, attention_mask, dropout, causal,
                         sliding_window, kwargs) -> str | None:
-    """Why tileattn cannot compute this call exactly, whatever tileattn version; None if it can."""
+    """Why tileattn cannot compute this call exactly; None if it can."""
     if kwargs.get("output_attentions") or getattr(getattr(module, "config", None),
                                                    "output_attentions", False):
         return "output_attentions=True (tileattn returns no attention weights)"
@@ -206,27 +199,14 @@ def _unsupported_reason(module, query, key, value, attention_mask, dropout, caus
     if attention_mask is not None and attention_mask.dim() != 2:
         return (f"a {attention_mask.dim()}-D attention mask (a custom mask, or a mask pattern "
                 "beyond causal, sliding window, padding and packing)")
-    if not (query.dtype == key.dtype == value.dtype and query.dtype in features.HALF_DTYPES):
+    if not (query.dtype == key.dtype == value.dtype and query.dtype in HALF_DTYPES):
         return (f"q/k/v dtypes {query.dtype}/{key.dtype}/{value.dtype} (tileattn takes fp16 or "
                 "bf16 models; float32 only under autocast)")
     for name, dim in (("q/k", query.shape[-1]), ("v", value.shape[-1])):
-        if dim not in features.SUPPORTED_HEAD_DIMS:
-            return f"{name} head dim {dim} (tileattn supports {features.SUPPORTED_HEAD_DIMS})"
+        if dim not in SUPPORTED_HEAD_DIMS:
+            return f"{name} head dim {dim} (tileattn supports {SUPPORTED_HEAD_DIMS})"
     if sliding_window is not None and not causal:
         return "a sliding window without causal masking"
-    return None
-
-
-def _missing_feature(tokens: _Tokens, sliding_window, softcap) -> str | None:
-    """What this call needs that the installed tileattn does not have yet; None if nothing."""
-    if not tokens.dense and not features.has_varlen():
-        return "padding or packed sequences (this tileattn has no attention_varlen)"
-    takes = features.attention_takes if tokens.dense else features.varlen_takes
-    window_needed = sliding_window is not None and tokens.longest_keys > sliding_window
-    if window_needed and not takes("window_size"):
-        return "a sliding window (this tileattn has no window_size)"
-    if softcap and not takes("softcap"):
-        return "logit softcapping (this tileattn has no softcap)"
     return None
 
 

@@ -13,9 +13,9 @@ kernel they replaced otherwise:
   _flash_attention_forward                     [B, S, H, D], or packed [total, H, D] with
                                                cu_seqlens (torch.nn.attention.varlen)
   _flash_attention_forward_no_dropout_inplace  the same, writing into a given output
-tileattn takes fp16/bf16 with one head dim for q, k and v in {64, 96, 128, 192, 256}, no
-dropout, no debug mask, no seqused_k; sliding windows, ALiBi, packed and paged inputs as far as
-the installed tileattn has them (features.py).
+tileattn takes fp16/bf16 with one head dim for q, k and v in {64, 96, 128, 192, 256}, causal
+or not, sliding windows, ALiBi, packed sequences and (packed) paged KV caches; not dropout, the
+debug mask, seqused_k, nor a paged cache behind dense queries.
 
 The backward ops stay torch's. FlashAttention's backward recomputes P from q, k, the output and
 the logsumexp, which tileattn returns in FlashAttention's layout and convention (natural log;
@@ -32,7 +32,7 @@ import torch
 
 import tileattn
 
-from . import features
+from .support import HALF_DTYPES, SUPPORTED_HEAD_DIMS
 
 __all__ = ["IMPL_NAME", "activate", "flash_attention_forward",
            "flash_attention_forward_no_dropout_inplace", "is_active", "register", "restore",
@@ -149,8 +149,8 @@ def flash_attention_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max
                    window_size_right=window_size_right, seqused_k=seqused_k,
                    alibi_slopes=alibi_slopes, block_table=block_table, num_splits=num_splits)
     window = _window(window_size_left, window_size_right, is_causal)
-    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q, window,
-                          seqused_k, alibi_slopes, block_table)
+    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q, seqused_k,
+                          block_table)
     if reason is not None:
         return _call_replaced("_flash_attention_forward", reason, keyset, *args, **options)
     out, lse = _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale,
@@ -172,8 +172,8 @@ def flash_attention_forward_no_dropout_inplace(keyset, out, query, key, value, c
                    window_size_right=window_size_right, seqused_k=seqused_k,
                    alibi_slopes=alibi_slopes, block_table=block_table, num_splits=num_splits)
     window = _window(window_size_left, window_size_right, is_causal)
-    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q, window,
-                          seqused_k, alibi_slopes, block_table)
+    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q, seqused_k,
+                          block_table)
     if reason is not None:
         return _call_replaced("_flash_attention_forward_no_dropout_inplace", reason, keyset,
                               *args, **options)
@@ -202,8 +202,8 @@ def _window(left, right, is_causal) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-def _unsupported(q, k, v, dropout_p, return_debug_mask, cum_seq_q=None, window=None,
-                 seqused_k=None, alibi_slopes=None, block_table=None) -> str | None:
+def _unsupported(q, k, v, dropout_p, return_debug_mask, cum_seq_q=None, seqused_k=None,
+                 block_table=None) -> str | None:
     """Why tileattn cannot compute this call exactly; None if it can. q/k/v [.., S, H, D]."""
     if dropout_p:
         return f"dropout_p={dropout_p}"
@@ -211,57 +211,39 @@ def _unsupported(q, k, v, dropout_p, return_debug_mask, cum_seq_q=None, window=N
         return "return_debug_mask=True"
     if seqused_k is not None:
         return "seqused_k"
-    if not (q.dtype == k.dtype == v.dtype and q.dtype in features.HALF_DTYPES):
+    if block_table is not None and cum_seq_q is None:
+        return "a paged KV cache behind dense queries"
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in HALF_DTYPES):
         return f"dtypes {q.dtype}/{k.dtype}/{v.dtype}"
     head_dims = {q.shape[-1], k.shape[-1], v.shape[-1]}
-    if len(head_dims) != 1 or not head_dims <= set(features.SUPPORTED_HEAD_DIMS):
+    if len(head_dims) != 1 or not head_dims <= set(SUPPORTED_HEAD_DIMS):
         return f"head dims {sorted(head_dims)}"
     if q.shape[-2] % k.shape[-2] != 0:
         return f"{q.shape[-2]} query heads over {k.shape[-2]} key heads"
-    packed = cum_seq_q is not None
-    if packed and not features.has_varlen():
-        return "packed sequences (this tileattn has no attention_varlen)"
-    takes = features.varlen_takes if packed else features.attention_takes
-    if window is not None and not takes("window_size"):
-        return f"window {window} (this tileattn has no window_size)"
-    if alibi_slopes is not None and not takes("alibi_slopes"):
-        return "alibi_slopes (this tileattn has none)"
-    if block_table is not None and not (packed and takes("block_table")):
-        return "a paged KV cache (block_table)"
     return None
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
              window=None, alibi_slopes=None, block_table=None):
-    """tileattn on checked inputs -> (out, logsumexp in FlashAttention's layout). The kernels
-    run below SDPA's autograd node, which owns the gradient: tileattn gets detached inputs."""
+    """tileattn on checked inputs -> (out, logsumexp in FlashAttention's layout: [B, H, Sq],
+    or [H, total_q] for packed sequences). The kernels run below the autograd node of the op
+    that called them, which owns the gradient (aten's flash ops have none for the ALiBi
+    slopes): tileattn gets detached inputs."""
     q, k, v = q.detach(), k.detach(), v.detach()
     options = {"causal": bool(is_causal), "softmax_scale": scale}
     if window is not None:
         options["window_size"] = window
     if alibi_slopes is not None:
-        options["alibi_slopes"] = alibi_slopes
+        options["alibi_slopes"] = alibi_slopes.detach()
     if cu_seqlens_q is None:
         out, lse = tileattn.attention(q, k, v, return_lse=True, **options)
     else:
-        if block_table is not None:
-            options["block_table"] = block_table
         out, lse = tileattn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                             max_seqlen_k, return_lse=True, **options)
-        lse = _heads_first(lse, q.shape[0], q.shape[1])
+                                             max_seqlen_k, block_table=block_table,
+                                             return_lse=True, **options)
     # FlashAttention's backward computes P = exp(s - lse): a query that sees no key needs
     # lse = +inf there (P = 0), where tileattn reports -inf.
     return out, lse.masked_fill(lse == float("-inf"), float("inf"))
-
-
-def _heads_first(lse, total_q, num_heads):
-    """attention_varlen's logsumexp as FlashAttention's varlen layout [H, total_q]."""
-    if lse.shape == (num_heads, total_q):
-        return lse
-    if lse.shape == (total_q, num_heads):
-        return lse.t().contiguous()
-    raise RuntimeError(f"attention_varlen returned a logsumexp of shape {tuple(lse.shape)}, "
-                       f"expected [{num_heads}, {total_q}]")
 
 
 def _strided_like(out, like):
