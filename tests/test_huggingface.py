@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tileattn
+import tileattn.reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -286,31 +287,37 @@ def test_packed_sequences_through_position_ids(tileattn_calls):
     assert len(tileattn_calls["attention_varlen"]) == model.config.num_hidden_layers
 
 
-def test_fp8_opt_in_quantizes_per_head(monkeypatch):
-    """register(name, fp8=True): q, k, v quantized to e4m3 with a descale per (batch, head) on
-    every call. Each call's output is within the FP8 tolerance (tests/conftest.py) of the fp64
-    reference on the dequantized inputs; the logits are within twice bf16 eager's distance from
-    float32 eager on the same quantized inputs, plus that FP8 tolerance (P rounded to e4m3)."""
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_fp8_opt_in_quantizes_per_head(padding, monkeypatch):
+    """register(name, fp8=True): q, k, v quantized to e4m3 with a descale per (batch, head)
+    (padded batches: per head over the unpadded tokens, one row per sequence) on every call.
+    Each call's output is within the FP8 tolerance (tests/conftest.py) of the fp64 reference on
+    the same quantized inputs. Unpadded, the logits are also within twice bf16 eager's distance
+    from float32 eager on the same quantized inputs, plus that FP8 tolerance (P in e4m3)."""
     calls = []
-    real = tileattn.attention
-    def recorded(q, k, v, **options):
-        out = real(q, k, v, **options)
-        calls.append((q, k, v, options, out))
-        return out
-    monkeypatch.setattr(tileattn, "attention", recorded)
+    for function in ("attention", "attention_varlen"):
+        real = getattr(tileattn, function)
+        def recorded(*args, real=real, reference=getattr(tileattn.reference,
+                                                          f"{function}_reference"), **options):
+            out = real(*args, **options)
+            calls.append((args, options, out, reference))
+            return out
+        monkeypatch.setattr(tileattn, function, recorded)
     name = huggingface.register("tileattn-fp8", fp8=True)
     model = make_model("llama")
-    ids, mask = inputs("none")
+    ids, mask = inputs(padding)
     got = logits(model, name, ids, mask)
-    for q, k, v, options, out in calls:
+    assert len(calls) == model.config.num_hidden_layers
+    for args, options, out, reference in calls:
+        q, k, v = args[:3]
         assert q.dtype == k.dtype == v.dtype == torch.float8_e4m3fn and out.dtype == torch.bfloat16
         assert options["q_descale"].shape == (2, 2) and options["k_descale"].shape == (2, 1)
-        expected, _ = attention_reference(q, k, v, causal=True, q_descale=options["q_descale"],
-                                          k_descale=options["k_descale"],
-                                          v_descale=options["v_descale"])
+        positional = args[:5] if len(args) > 3 else args   # varlen: + cu_seqlens_q, cu_seqlens_k
+        expected, _ = reference(*positional, causal=True, q_descale=options["q_descale"],
+                                k_descale=options["k_descale"], v_descale=options["v_descale"])
         assert relative_error(out, expected) <= TOLERANCES[torch.float8_e4m3fn]
-
-    assert_fp8_logits_close(model, got, ids, mask)
+    if padding == "none":
+        assert_fp8_logits_close(model, got, ids, mask)
 
 
 def assert_fp8_logits_close(model, got, ids, mask):
@@ -383,29 +390,47 @@ def test_output_attentions_falls_back_and_returns_weights():
     assert len(attentions) == 2 and attentions[0].shape == (2, 2, SEQLEN, SEQLEN)
 
 
-def test_training_dropout_falls_back_and_grad_inputs_are_not_hidden():
-    """Dropout while training runs eager. Without dropout, a training step reaches tileattn
-    with inputs that require grad: until tileattn has a backward pass it refuses them (that
-    error surfaces unchanged); once it has one, the gradients match eager's."""
+def test_training_dropout_falls_back_to_eager():
     ids, mask = inputs("none")
     model = make_model("llama", attention_dropout=0.1).train()
     model.set_attn_implementation(NAME)
     huggingface._WARNED.clear()
     with pytest.warns(huggingface.FallbackWarning, match="dropout"):
         model(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_training_gradients_match_eager(padding, tileattn_calls):
+    """A training step through tileattn's backward (attention_varlen's with padding): the
+    gradient of every attention projection within twice bf16 eager's distance from float32
+    eager, plus one rounding unit."""
+    ids, mask = inputs(padding)
+    # No loss where a padding position is the query (its output is undefined: eager spreads
+    # it uniformly over masked keys, tileattn writes 0): labels are shifted by one.
+    labels = ids.clone()
+    labels[:, 1:].masked_fill_(mask[:, :-1] == 0, -100)
     model = make_model("llama").train()
     grads = {}
     for implementation, dtype in (("eager", torch.float32), ("eager", torch.bfloat16),
                                   (NAME, torch.bfloat16)):
         model.to(dtype).set_attn_implementation(implementation)
         model.zero_grad()
-        try:
-            model(ids, attention_mask=mask, labels=ids).loss.backward()
-        except ValueError as error:
-            assert implementation == NAME and "requires grad" in str(error)
-            return
-        grads[implementation, dtype] = model.model.layers[0].self_attn.q_proj.weight.grad.float()
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[implementation, dtype] = torch.cat([
+            getattr(layer.self_attn, name).weight.grad.float().flatten()
+            for layer in model.model.layers for name in ("q_proj", "k_proj", "v_proj")])
+    used = "attention" if padding == "none" else "attention_varlen"
+    assert len(tileattn_calls[used]) == model.config.num_hidden_layers
     reference = grads["eager", torch.float32]
     bound = (2 * relative_error(grads["eager", torch.bfloat16], reference)
              + ROUNDING_UNIT[torch.bfloat16])
     assert relative_error(grads[NAME, torch.bfloat16], reference) <= bound
+
+
+def test_fp8_training_is_refused_not_hidden():
+    """tileattn has no FP8 backward: its refusal reaches the caller unchanged."""
+    ids, mask = inputs("none")
+    model = make_model("llama").train()
+    model.set_attn_implementation(huggingface.register("tileattn-fp8", fp8=True))
+    with pytest.raises((TypeError, ValueError), match="requires grad"):
+        model(ids, attention_mask=mask, labels=ids)

@@ -18,15 +18,16 @@ import tileattn
 from tileattn.integrations import sdpa
 from tileattn.reference import attention_reference, attention_varlen_reference
 
-from .conftest import LSE_TOLERANCES, TOLERANCES
+from .conftest import GRAD_TOLERANCES, LSE_TOLERANCES, TOLERANCES
 from .integration_helpers import counting, relative_error
 
 attention_api = pytest.importorskip("torch.nn.attention")
 pytestmark = pytest.mark.skipif(not hasattr(attention_api, "register_flash_attention_impl"),
                                 reason="torch has no flash-attention registry (needs >= 2.13)")
 
-OPS = ("_scaled_dot_product_flash_attention", "_flash_attention_forward",
-       "_flash_attention_forward_no_dropout_inplace")
+OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+       "_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace",
+       "_flash_attention_backward")
 
 
 def cuda_kernel_description(op):
@@ -121,6 +122,49 @@ def test_a_query_that_sees_no_key_gets_lse_plus_infinity():
     out, lse, *_ = sdpa.flash_attention_forward(None, q, k, v, None, None, 9, 5, 0.0, True, False)
     assert torch.all(lse[:, :, :4] == float("inf")) and torch.isfinite(lse[:, :, 4:]).all()
     assert torch.all(out[:, :4] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal, seqlen_q, seqlen_k", [(False, 13, 21), (True, 19, 19),
+                                                        (True, 9, 5)])
+def test_sdpa_flash_backward_matches_fp64_autograd(dtype, causal, seqlen_q, seqlen_k):
+    """The forward's out and logsumexp (+inf rows included: causal Sq > Sk) through tileattn's
+    backward kernels, against fp64 autograd; gradients keep query's/key's/value's strides."""
+    torch.manual_seed(4)
+    query = bhsd(2, 4, seqlen_q, 64, dtype, bshd_memory=True)
+    key, value = (bhsd(2, 2, seqlen_k, 64, dtype) for _ in range(2))
+    forward = sdpa.scaled_dot_product_flash_attention(None, query, key, value, 0.0, causal,
+                                                      False, scale=0.1)
+    out, lse, seed, offset = forward[0], forward[1], forward[6], forward[7]
+    grad_out = torch.randn_like(out)
+    grads = sdpa.scaled_dot_product_flash_attention_backward(
+        None, grad_out, query, key, value, out, lse, None, None, seqlen_q, seqlen_k, 0.0, causal,
+        seed, offset, scale=0.1)
+    leaves = [x.transpose(1, 2).double().requires_grad_() for x in (query, key, value)]
+    expected, _ = attention_reference(*leaves, causal=causal, softmax_scale=0.1)
+    expected.backward(grad_out.transpose(1, 2).double())
+    for grad, leaf, x in zip(grads, leaves, (query, key, value)):
+        assert grad.stride() == torch.empty_like(x).stride() and grad.dtype == dtype
+        assert relative_error(grad.transpose(1, 2), leaf.grad) <= GRAD_TOLERANCES[dtype]
+
+
+def test_packed_backward_with_a_window_matches_fp64_autograd():
+    torch.manual_seed(5)
+    lengths = [7, 1, 16]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(lengths), 4, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths), 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    window = dict(window_size_left=3, window_size_right=0)
+    out, lse, rng_state, unused, _ = sdpa.flash_attention_forward(
+        None, q, k, v, cu, cu, 16, 16, 0.0, True, False, **window)
+    grad_out = torch.randn_like(out)
+    grads = sdpa.flash_attention_backward(None, grad_out, q, k, v, out, lse, cu, cu, 16, 16, 0.0,
+                                          True, rng_state, unused, **window)
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    expected, _ = attention_varlen_reference(*leaves, cu, cu, causal=True, window_size=(3, 0))
+    expected.backward(grad_out.double())
+    for grad, leaf in zip(grads, leaves):
+        assert relative_error(grad, leaf.grad) <= GRAD_TOLERANCES[torch.bfloat16]
 
 
 def test_inputs_that_require_grad_are_taken_below_autograd():
@@ -223,6 +267,11 @@ def test_unsupported_calls_go_to_torchs_kernel(case, monkeypatch):
     assert sdpa.flash_attention_forward(None, q, k, v, None, None, 5, 5, *flags,
                                         **extra) == "torch's result"
     assert recorders["_flash_attention_forward"].calls[0][1][:3] == (q, k, v)
+    if "block_table" not in extra and "seqused_k" not in extra and case != "debug mask":
+        # the backward ops take neither; dropout, dtype and head dim decide them alike
+        assert sdpa.flash_attention_backward(None, q, q, k, v, q, torch.zeros(1, 2, 5), None,
+                                             None, 5, 5, settings["dropout_p"], False, None,
+                                             None) == "torch's result"
     assert not tileattn.attention.calls
     monkeypatch.setattr(sdpa, "_REPLACED", {})   # a build without CUDA kernels: a clear error
     with pytest.raises(RuntimeError, match="does not take this"):

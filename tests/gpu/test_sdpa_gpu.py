@@ -3,9 +3,9 @@
 Unmodified F.scaled_dot_product_attention (and torch.nn.attention.varlen.varlen_attn) calls run
 with tileattn active and with torch's kernels restored; outputs and gradients are compared with
 an fp64 math-backend reference. FA3's yardstick: with tileattn active the error may be at most
-twice the error of torch's flash kernels, plus one rounding unit of the dtype. The backward
-stays torch's FlashAttention backward, fed tileattn's output and logsumexp. Skipped without CUDA
-or without torch's flash-attention registry (torch < 2.13).
+twice the error of torch's flash kernels, plus one rounding unit of the dtype; forward and
+backward both run tileattn's kernels while it is active. Skipped without CUDA or without
+torch's flash-attention registry (torch < 2.13).
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ def test_inputs_tileattn_does_not_take_run_torchs_kernel(tileattn_calls):
 
 
 def test_restore_gives_back_torchs_kernels(tileattn_calls):
-    ops = ("_scaled_dot_product_flash_attention", "_flash_attention_forward",
-           "_flash_attention_forward_no_dropout_inplace")
+    ops = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+           "_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace",
+           "_flash_attention_backward")
     before = [repr(torch.library.get_kernel(f"aten::{op}", "CUDA")) for op in ops]
     sdpa.activate()
     assert all("tileattn" in repr(torch.library.get_kernel(f"aten::{op}", "CUDA")) for op in ops)

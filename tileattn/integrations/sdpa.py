@@ -9,17 +9,21 @@ torch 2.13 lets a library replace the CUDA kernels behind SDPA's flash backend
 of its FA3 and FA4 prototypes). activate() registers tileattn as IMPL_NAME and activates it; the
 aten flash forward ops below then run tileattn where it computes exactly what was asked, and the
 kernel they replaced otherwise:
-  _scaled_dot_product_flash_attention          SDPA's flash forward, q/k/v [B, H, S, D]
-  _flash_attention_forward                     [B, S, H, D], or packed [total, H, D] with
-                                               cu_seqlens (torch.nn.attention.varlen)
-  _flash_attention_forward_no_dropout_inplace  the same, writing into a given output
+  _scaled_dot_product_flash_attention           SDPA's flash forward, q/k/v [B, H, S, D]
+  _scaled_dot_product_flash_attention_backward  its backward
+  _flash_attention_forward                      [B, S, H, D], or packed [total, H, D] with
+                                                cu_seqlens (torch.nn.attention.varlen)
+  _flash_attention_forward_no_dropout_inplace   the same, writing into a given output
+  _flash_attention_backward                     their backward
 tileattn takes fp16/bf16 with one head dim for q, k and v in {64, 96, 128, 192, 256}, causal
-or not, sliding windows, ALiBi, packed sequences and (packed) paged KV caches; not dropout, the
-debug mask, seqused_k, nor a paged cache behind dense queries.
+or not, sliding windows, ALiBi (forward: aten's backward ops carry no slopes), packed sequences
+and, forward only, (packed) paged KV caches; not dropout, the debug mask, seqused_k, nor a paged
+cache behind dense queries.
 
-The backward ops stay torch's. FlashAttention's backward recomputes P from q, k, the output and
-the logsumexp, which tileattn returns in FlashAttention's layout and convention (natural log;
-+inf for a query that sees no key, so that its P is 0), so gradients flow as before.
+Forward and backward meet through FlashAttention's conventions, so either may be torch's kernel
+while the other is tileattn's: the forward returns out and the logsumexp (natural log, [B, H,
+Sq] or [H, total_q], +inf for a query that sees no key so that its P is 0), and the backward
+recomputes P from q, k and that logsumexp.
 
 SDPA reaches these kernels only for CUDA tensors whose flash-backend checks pass (sm80+, fp16/
 bf16, head dim <= 256, ...). Without CUDA, activate() still installs them, and the functions
@@ -28,15 +32,18 @@ below can be called directly with CPU tensors (the keyset argument is then None)
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import tileattn
+from tileattn.ops import backward as tileattn_backward
 
 from .support import HALF_DTYPES, SUPPORTED_HEAD_DIMS
 
-__all__ = ["IMPL_NAME", "activate", "flash_attention_forward",
+__all__ = ["IMPL_NAME", "activate", "flash_attention_backward", "flash_attention_forward",
            "flash_attention_forward_no_dropout_inplace", "is_active", "register", "restore",
-           "scaled_dot_product_flash_attention"]
+           "scaled_dot_product_flash_attention", "scaled_dot_product_flash_attention_backward"]
 
 IMPL_NAME = "tileattn"
 _REGISTRY_FUNCTIONS = ("register_flash_attention_impl", "activate_flash_attention_impl",
@@ -183,10 +190,51 @@ def flash_attention_forward_no_dropout_inplace(keyset, out, query, key, value, c
     return lse
 
 
+def scaled_dot_product_flash_attention_backward(keyset, grad_out, query, key, value, out,
+                                                logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                                                dropout_p, is_causal, philox_seed, philox_offset,
+                                                *, scale=None):
+    """aten::_scaled_dot_product_flash_attention_backward: [B, H, S, D] tensors and the
+    forward's logsumexp [B, H, Sq] -> (dq, dk, dv) with query's, key's and value's strides."""
+    args = (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+            dropout_p, is_causal, philox_seed, philox_offset)
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    reason = _unsupported(q, k, v, dropout_p, False)
+    if reason is not None:
+        return _call_replaced("_scaled_dot_product_flash_attention_backward", reason, keyset,
+                              *args, scale=scale)
+    grads = _backward(grad_out.transpose(1, 2), q, k, v, out.transpose(1, 2), logsumexp, None,
+                      None, 0, 0, is_causal, scale, None)
+    return tuple(_strided_like(grad.transpose(1, 2), x)
+                 for grad, x in zip(grads, (query, key, value)))
+
+
+def flash_attention_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q,
+                             cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused,
+                             *, scale=None, window_size_left=None, window_size_right=None):
+    """aten::_flash_attention_backward: [B, S, H, D] tensors and logsumexp [B, H, Sq], or packed
+    [total, H, D] with cu_seqlens and logsumexp [H, total_q] -> (dq, dk, dv) like q, k, v."""
+    args = (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+            dropout_p, is_causal, rng_state, unused)
+    options = dict(scale=scale, window_size_left=window_size_left,
+                   window_size_right=window_size_right)
+    reason = _unsupported(query, key, value, dropout_p, False, cum_seq_q)
+    if reason is None and key.dim() != query.dim():
+        reason = "a paged KV cache"
+    if reason is not None:
+        return _call_replaced("_flash_attention_backward", reason, keyset, *args, **options)
+    grads = _backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+                      max_k, is_causal, scale, _window(window_size_left, window_size_right,
+                                                       is_causal))
+    return tuple(_strided_like(grad, x) for grad, x in zip(grads, (query, key, value)))
+
+
 _KERNELS = {
     "_scaled_dot_product_flash_attention": scaled_dot_product_flash_attention,
+    "_scaled_dot_product_flash_attention_backward": scaled_dot_product_flash_attention_backward,
     "_flash_attention_forward": flash_attention_forward,
     "_flash_attention_forward_no_dropout_inplace": flash_attention_forward_no_dropout_inplace,
+    "_flash_attention_backward": flash_attention_backward,
 }
 
 
@@ -229,7 +277,7 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is
     or [H, total_q] for packed sequences). The kernels run below the autograd node of the op
     that called them, which owns the gradient (aten's flash ops have none for the ALiBi
     slopes): tileattn gets detached inputs."""
-    q, k, v = q.detach(), k.detach(), v.detach()
+    q, k, v = (_last_dim_contiguous(x.detach()) for x in (q, k, v))
     options = {"causal": bool(is_causal), "softmax_scale": scale}
     if window is not None:
         options["window_size"] = window
@@ -244,6 +292,25 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is
     # FlashAttention's backward computes P = exp(s - lse): a query that sees no key needs
     # lse = +inf there (P = 0), where tileattn reports -inf.
     return out, lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
+def _backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              is_causal, scale, window):
+    """tileattn's backward kernels (tileattn::attention_backward) on checked inputs; they read
+    FlashAttention's logsumexp as it is (+inf or -inf for a row that saw no key: P = 0)."""
+    q, k, v, out = (_last_dim_contiguous(x.detach()) for x in (q, k, v, out))
+    left, right = window if window is not None else (-1, -1)
+    softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    no_lse_gradient = torch.zeros_like(lse)   # aten's flash ops return lse without a gradient
+    return tileattn_backward.attention_backward(
+        dout.detach(), no_lse_gradient, q, k, v, out, lse.detach(), cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k, bool(is_causal), softmax_scale, left, right, 0.0, None,
+        torch.are_deterministic_algorithms_enabled())
+
+
+def _last_dim_contiguous(x):
+    """tileattn's kernels read rows along the last dim (as FlashAttention's do)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _strided_like(out, like):
