@@ -116,7 +116,7 @@ def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool,
 
 @triton.jit
 def _attend_key_blocks(
-    acc, l_i, m_i, bad_page, q, start, end, block_step,
+    acc, l_i, m_i, bad_page, q, start, end, indices_ptr,
     k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
     stride_k_page, stride_v_page,
     batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
@@ -125,18 +125,26 @@ def _attend_key_blocks(
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     PAGE_SIZE: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    P_OFFSET: tl.constexpr,
+    P_OFFSET: tl.constexpr, BLOCK_MASK_KV: tl.constexpr = 0,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over the key blocks start, start + block_step,
-    ... below end (block_step: BLOCK_N, or a block mask's block size for one of its blocks).
-    MASKED applies the sequence end, the window bounds and MASK_MOD; keys at or past seqlen_k
-    load as zeros."""
-    # Contiguous keys: pointers advance by a block each step (no per-row address arithmetic
-    # in the loop); paged keys: each block's rows are looked up.
+    """Online-softmax update of (acc, l_i, m_i) over key blocks of BLOCK_N: the keys
+    [start, end) when BLOCK_MASK_KV is 0, else the BLOCK_N-wide steps start ..< end of a block
+    mask's list (indices_ptr; BLOCK_MASK_KV keys per listed block). One flat loop either way,
+    so that the compiler pipelines its loads across listed blocks. MASKED applies the sequence
+    end, the window bounds and MASK_MOD; keys at or past seqlen_k load as zeros."""
+    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N if BLOCK_MASK_KV > 0 else 1
+    step = BLOCK_N if BLOCK_MASK_KV == 0 else 1
+    # Contiguous keys in range order: pointers advance by a block each step (no per-row
+    # address arithmetic in the loop); listed or paged keys: each block's rows are computed.
     k_ptrs = k_base + (start + offs_n)[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
     v_ptrs = (v_base + (start + offs_n)[:, None].to(tl.int64) * stride_vs
               + offs_dv[None, :] * stride_vd)
-    for start_n in tl.range(start, end, block_step):
+    for position in tl.range(start, end, step):
+        if BLOCK_MASK_KV > 0:
+            start_n = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_KV
+                       + (position % STEPS) * BLOCK_N)
+        else:
+            start_n = position
         cols = start_n + offs_n
         key_ok = cols < seqlen_k
         if PAGE_SIZE > 0:
@@ -147,6 +155,10 @@ def _attend_key_blocks(
             bad_page = bad_page | bad
             k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
             v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd
+        elif BLOCK_MASK_KV > 0:
+            k_ptrs = k_base + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
+            v_ptrs = (v_base + cols[:, None].to(tl.int64) * stride_vs
+                      + offs_dv[None, :] * stride_vd)
         k = load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
         qk = tl.dot(q, tl.trans(k))
         if SCORE_MOD is not None:
@@ -172,9 +184,9 @@ def _attend_key_blocks(
         p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
         acc = tl.dot(p, v, acc)
         m_i = m_new
-        if PAGE_SIZE == 0:
-            k_ptrs += block_step * stride_ks
-            v_ptrs += block_step * stride_vs
+        if PAGE_SIZE == 0 and BLOCK_MASK_KV == 0:
+            k_ptrs += BLOCK_N * stride_ks
+            v_ptrs += BLOCK_N * stride_vs
     return acc, l_i, m_i, bad_page
 
 
@@ -189,35 +201,36 @@ def _attend_block_list(
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, P_OFFSET: tl.constexpr,
     BLOCK_MASK_KV: tl.constexpr,
 ):
-    """The key blocks a block mask lists for this tile (partial ones with MASK_MOD, full ones
-    with MASK_MOD None), each BLOCK_MASK_KV keys walked BLOCK_N at a time; the sequence end is
-    masked in a block that crosses it."""
-    for i in range(tl.load(num_ptr)):
-        start = tl.load(indices_ptr + i) * BLOCK_MASK_KV
-        end = tl.minimum(start + BLOCK_MASK_KV, seqlen_k)
-        whole = end - start == BLOCK_MASK_KV
-        if MASK_MOD is None:
-            if whole:
-                acc, l_i, m_i, bad_page = _attend_key_blocks(
-                    acc, l_i, m_i, bad_page, q, start, end, BLOCK_N, k_base, v_base, stride_ks,
-                    stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
-                    stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift,
-                    0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
-                    BLOCK_N, False, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
-            else:
-                acc, l_i, m_i, bad_page = _attend_key_blocks(
-                    acc, l_i, m_i, bad_page, q, start, end, BLOCK_N, k_base, v_base, stride_ks,
-                    stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
-                    stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift,
-                    0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
-                    BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
-        else:
-            acc, l_i, m_i, bad_page = _attend_key_blocks(
-                acc, l_i, m_i, bad_page, q, start, end, BLOCK_N, k_base, v_base, stride_ks,
-                stride_vs, stride_vd, block_table_row, num_pages, stride_k_page, stride_v_page,
-                batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0, qk_scale,
-                mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, True,
-                False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET)
+    """The key blocks a block mask lists for this tile, BLOCK_MASK_KV keys each walked BLOCK_N
+    at a time: partial ones (MASK_MOD set) all masked; full ones (MASK_MOD None) unmasked but
+    for a last listed block that crosses the sequence end (lists are ascending)."""
+    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N
+    count = tl.load(num_ptr)
+    if MASK_MOD is None:
+        crosses = 0
+        if count > 0:
+            last_end = (tl.load(indices_ptr + count - 1) + 1) * BLOCK_MASK_KV
+            crosses = (last_end > seqlen_k).to(tl.int32)
+        acc, l_i, m_i, bad_page = _attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, 0, (count - crosses) * STEPS, indices_ptr, k_base,
+            v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
+            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
+            False, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET, BLOCK_MASK_KV)
+        acc, l_i, m_i, bad_page = _attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, (count - crosses) * STEPS, count * STEPS, indices_ptr,
+            k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
+            stride_k_page, stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv,
+            seqlen_k, shift, 0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+            HEAD_DIM_V_PAD, BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET,
+            BLOCK_MASK_KV)
+    else:
+        acc, l_i, m_i, bad_page = _attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, 0, count * STEPS, indices_ptr, k_base, v_base,
+            stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
+            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
+            True, False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET, BLOCK_MASK_KV)
     return acc, l_i, m_i, bad_page
 
 
@@ -350,20 +363,20 @@ def attention_fwd_kernel(
                                               BLOCK_N)
         if HAS_LEFT:
             acc, l_i, m_i, bad_page = _attend_key_blocks(
-                acc, l_i, m_i, bad_page, q, lo, full_lo, BLOCK_N, k_base, v_base, stride_ks,
+                acc, l_i, m_i, bad_page, q, lo, full_lo, None, k_base, v_base, stride_ks,
                 stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
                 head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left,
                 window_right, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
                 HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
                 P_OFFSET)
         acc, l_i, m_i, bad_page = _attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, full_lo, full_hi, BLOCK_N, k_base, v_base, stride_ks,
+            acc, l_i, m_i, bad_page, q, full_lo, full_hi, None, k_base, v_base, stride_ks,
             stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
             head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
             qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
             False, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
         acc, l_i, m_i, bad_page = _attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, full_hi, hi, BLOCK_N, k_base, v_base, stride_ks,
+            acc, l_i, m_i, bad_page, q, full_hi, hi, None, k_base, v_base, stride_ks,
             stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
             head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
             qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
