@@ -156,8 +156,8 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
     Safety (validate): by default, outside CUDA graph capture, page ids and the plan's seq_lens
     are checked on the host (one synchronisation) and a bad one raises ValueError;
     validate=False skips that on a hot path. Whatever validate says, the kernels never read
-    outside kv_cache (an out-of-range page id is not followed) and rows whose page ids or plan
-    are wrong come out NaN, which is all a captured graph can report.
+    outside kv_cache (an out-of-range page id is not followed: it reads page 0, a wrong but
+    bounded answer inside a graph), and rows of a stale plan come out NaN.
     """
     if plan is not None and _through_op("mla_decode", {}, dict(q=q, kv_cache=kv_cache,
                                                                 kv_descale=kv_descale)):

@@ -204,7 +204,7 @@ def _widen_v(v, dtype: tl.constexpr, KV_WIDEN: tl.constexpr, V_ASM: tl.constexpr
 def _attend_kv_tiles(
     acc, l_i, m_i, q_nope, q_pe, q_row_scale,
     kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-    tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset, num_pages, bad_page,
+    tile_start, tile_end, kv_end, key_limit, qk_scale, dv_offset, num_pages,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DV_BLOCK: tl.constexpr,
     MASKED: tl.constexpr, KV_WIDEN: tl.constexpr, REUSE_KV_AS_V: tl.constexpr,
     Q_ROW_SCALED: tl.constexpr, V_ASM: tl.constexpr, V_CHUNKS: tl.constexpr,
@@ -226,11 +226,10 @@ def _attend_kv_tiles(
             page = tl.load(page_table_row + token // PAGE_SIZE, mask=in_range, other=0)
         else:
             page = tl.load(page_table_row + token // PAGE_SIZE)
-        # A page id outside the cache is never followed: it reads page 0 and the program's
-        # rows come out NaN (the host checks ids outside CUDA graph capture).
-        outside = (page < 0) | (page >= num_pages)
-        bad_page = bad_page | (tl.max(outside.to(tl.int32), 0) > 0)
-        page = tl.where(outside, 0, page)
+        # A page id outside the cache is never followed: it reads page 0 (the host checks ids
+        # outside CUDA graph capture). Clamping is free; flagging the tile as well cost 57% of
+        # the H16 time (docs/design.md, "Safety contract").
+        page = tl.where((page < 0) | (page >= num_pages), 0, page)
         row_ptrs = kv_ptr + page.to(tl.int64) * stride_kv_page + (token % PAGE_SIZE).to(tl.int64) * stride_kv_row
         if MASKED:
             kv_nope = tl.load(row_ptrs[:, None] + offs_nope[None, :], mask=in_range[:, None], other=0.0)
@@ -273,7 +272,7 @@ def _attend_kv_tiles(
                 v = _widen_v(v, q_nope.dtype, KV_WIDEN, V_ASM)
             acc = acc[:c] + (tl.dot(p, v, acc[c] * alpha[:, None]),) + acc[c + 1:]
         m_i = m_new
-    return acc, l_i, m_i, bad_page
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -342,23 +341,22 @@ def mla_decode_partial_kernel(
     acc = ()
     for c in tl.static_range(V_CHUNKS):
         acc = acc + (tl.zeros([BLOCK_M, DV_BLOCK // V_CHUNKS], dtype=tl.float32),)
-    bad_page = seq_len < 0
-    acc, l_i, m_i, bad_page = _attend_kv_tiles(
+    acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-        kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset, num_pages, bad_page,
+        kv_start, full_end, kv_end, key_limit, qk_scale, dv_offset, num_pages,
         PAGE_SIZE, BLOCK_N, DV_BLOCK, False, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16, V_ASM, V_CHUNKS)
-    acc, l_i, m_i, bad_page = _attend_kv_tiles(
+    acc, l_i, m_i = _attend_kv_tiles(
         acc, l_i, m_i, q_nope, q_pe, q_row_scale, kv_ptr, page_table_row, stride_kv_page, stride_kv_row,
-        full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset, num_pages, bad_page,
+        full_end, kv_end, kv_end, key_limit, qk_scale, dv_offset, num_pages,
         PAGE_SIZE, BLOCK_N, DV_BLOCK, True, KV_WIDEN, REUSE_KV_AS_V, FP8_IN_F16, V_ASM, V_CHUNKS)
 
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    # A plan made for other seq_lens, or a page id outside the cache, gives NaN rows rather than
-    # a plausible wrong answer (inside a CUDA graph nothing can raise).
-    broken = (planned_seq_len != seq_len) | bad_page
+    # A plan made for other seq_lens gives NaN rows rather than a plausible wrong answer
+    # (inside a CUDA graph nothing can raise).
+    broken = planned_seq_len != seq_len
     row_scale = tl.where(broken, float("nan"), v_scale / l_safe)
     lse = tl.where(broken, float("nan"), lse)
     out_acc = ()
