@@ -149,11 +149,13 @@ def format_tables(rows: list[dict]) -> str:
     for timed in PASSES:
         for head_dim in sorted({r["D"] for r in rows}):
             for causal in (False, True):
-                here = [r for r in rows if (r["pass"], r["D"], r["causal"]) == (timed, head_dim, causal)]
+                here = [r for r in rows
+                        if (r["pass"], r["D"], r["causal"]) == (timed, head_dim, causal)]
                 if not here:
                     continue
                 lines += [f"\n{timed} D={head_dim} causal={causal}  (TFLOP/s)",
-                          "N".rjust(6) + "".join(f"{i:>24}" for i in impls) + "   tileattn/best peer"]
+                          "N".rjust(6) + "".join(f"{i:>24}" for i in impls)
+                          + "   tileattn/best peer"]
                 for context in sorted({r["N"] for r in here}):
                     cell = {r["impl"]: r["tflops"] for r in here if r["N"] == context}
                     text = f"{context:>6}" + "".join(

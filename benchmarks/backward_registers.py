@@ -49,7 +49,8 @@ def report(name: str, width: int, kernel: str, tiles) -> dict:
                               ptx.name, "-o", "/dev/null"], capture_output=True, text=True).stderr
     return {"arch": name, "width": width, "kernel": kernel,
             "tiles": [tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages],
-            "shared": compiled.shared_bytes, "fits": compiled.shared_bytes <= arch.shared_memory_bytes,
+            "shared": compiled.shared_bytes,
+            "fits": compiled.shared_bytes <= arch.shared_memory_bytes,
             "registers": int(re.search(r"Used (\d+) registers", log).group(1)),
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", log).group(1))}
 

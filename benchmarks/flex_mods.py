@@ -121,7 +121,8 @@ def measure(point: dict, inputs: dict, device) -> list[dict]:
     block_density = visited / (mask_batch * block_mask.kv_num_blocks.shape[-1] ** 2)
     rows_checked = torch.cat([torch.arange(CHECK_ROWS),
                               torch.arange(context - CHECK_ROWS, context)]).to(device)
-    descaled = operands if dtype == "bf16" else [x.float() * d for x, d in zip(operands, (qd, kd, vd))]
+    descaled = (operands if dtype == "bf16"
+                else [x.float() * d for x, d in zip(operands, (qd, kd, vd))])
     want = reference_rows(*descaled, scale, mask_mod, score_mod, rows_checked)
     if dtype == "bf16":
         calls = {"tileattn": lambda: flex_attention(*operands, score_mod=score_mod,

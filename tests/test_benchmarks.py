@@ -4,6 +4,7 @@ environment, the session runner, partial and merged grid runs, the grids' points
 counts, and the prefill plot's colours and legend."""
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -315,3 +316,109 @@ def test_the_accuracy_table_prints_fp8_scale_rows_apart():
     table = accuracy.format_table(rows)
     assert "RMSE(same in)" in table and "FP8 scales" in table
     assert "block+smooth+rotate" in table and "0.25x" in table
+
+
+# ---- the grids' measuring code, end to end in the interpreter (timing stubbed) ----------------
+
+def _eager_flex(monkeypatch):
+    """torch's flex_attention uncompiled: the CPU stand-in for the compiled peer."""
+    from torch.nn.attention.flex_attention import flex_attention
+    monkeypatch.setattr(flex_peer, "compiled_flex_attention", lambda: flex_attention)
+
+
+def _one_ms(call):
+    call()
+    return 1.0
+
+
+def test_serving_rows_are_checked_against_the_reference(monkeypatch):
+    """Every prefill-like case on small odd shapes: tileattn and Flex rows pass the fp64 check
+    (first and last rows of one sequence), and the FLOPs are the exact visible work."""
+    serving = _load(BENCHMARKS / "serving.py")
+    _eager_flex(monkeypatch)
+    for name, value in dict(time_ms=_one_ms, VARLEN=dict(count=3, low=20, high=70, seed=0),
+                            CHECK_ROWS=8, NUM_Q_HEADS=4, NUM_KV_HEADS=2, HEAD_DIM=64, HEADS=2,
+                            WINDOW=16).items():
+        monkeypatch.setattr(serving, name, value)
+    points = [dict(case="varlen", dtype="bf16"), dict(case="varlen", dtype="fp8e4m3"),
+              dict(case="fixed", dtype="bf16", N=96, batch=3),
+              dict(case="window", dtype="bf16", N=77, batch=2),
+              dict(case="softcap", dtype="bf16", N=77, batch=2)]
+    lengths = serving.varlen_lengths(**serving.VARLEN)
+    for point in points:
+        rows = serving.measure_prefill(point, torch.device("cpu"))
+        assert [r["impl"] for r in rows] == (["tileattn", "flex"] if point["dtype"] == "bf16"
+                                             else ["tileattn"])
+        for row in rows:
+            assert "error" not in row and row["tflops"] == row["flops"] / 1e9, row
+            assert row["check_error"] < prefill.CHECK_TOLERANCE[point["dtype"]]
+        if point["case"] == "varlen":
+            assert rows[0]["flops"] == 4 * 64 * 4 * sum(n * (n + 1) // 2 for n in lengths)
+        if point["case"] == "window":
+            assert rows[0]["flops"] == 4 * 64 * 4 * 2 * sum(min(i, 16) + 1 for i in range(77))
+
+
+def test_a_wrong_answer_is_not_timed(monkeypatch):
+    serving = _load(BENCHMARKS / "serving.py")
+    _eager_flex(monkeypatch)
+    for name, value in dict(time_ms=_one_ms, CHECK_ROWS=8, NUM_Q_HEADS=4, HEAD_DIM=64,
+                            HEADS=2, WINDOW=16).items():
+        monkeypatch.setattr(serving, name, value)
+    monkeypatch.setattr(serving.flex_peer, "sliding_window", lambda window: flex_peer.causal)
+    rows = serving.measure_prefill(dict(case="window", dtype="bf16", N=77, batch=1),
+                                   torch.device("cpu"))
+    flex = next(r for r in rows if r["impl"] == "flex")
+    assert flex["tflops"] is None and flex["check_error"] > 0.05 and "ms" not in flex
+
+
+def test_decode_rows_are_checked_and_report_bandwidth(monkeypatch):
+    from tileattn.bench import decode as paged
+    from tileattn.kernels.attention import decode as decode_kernels
+    from tileattn.arch import arch_of
+    monkeypatch.setattr(paged, "_timed", lambda call, timings: {t: _one_ms(call) for t in timings})
+    for name, value in dict(NUM_Q_HEADS=4, NUM_KV_HEADS=2, HEAD_DIM=64).items():
+        monkeypatch.setattr(paged, name, value)
+    points = [dict(case="decode", dtype=d, q_len=q, batch=b, keys=n)
+              for d in ("bf16", "fp8e4m3") for q, b, n in ((1, 2, 64), (2, 3, 48))]
+    gen = torch.Generator().manual_seed(0)
+    caches = paged.make_caches(points, torch.device("cpu"), gen)
+    for point in points:
+        rows = paged.measure(point, caches, 100.0, torch.device("cpu"), gen)
+        assert [r["timing"] for r in rows if r["impl"] == "tileattn"] == ["eager", "graph"]
+        for row in rows:
+            assert row["check_error"] < paged.CHECK_TOLERANCE
+            assert row["gbps"] == row["bytes"] / 1e6 and row["fraction_of_copy"] == row["gbps"] / 100
+    table_row = decode_kernels.config_for(arch_of(torch.device("cpu")), 64, 64)
+    bad = dataclasses.replace(table_row, block_n=24)
+    rows = paged.measure(points[0], caches, 100.0, torch.device("cpu"), gen,
+                         [("table", table_row), ("bad", bad)])
+    assert "gbps" in rows[0] and "error" in rows[1] and "gbps" not in rows[1]
+
+
+def test_backward_rows_compare_gradients_with_the_yardstick(monkeypatch):
+    from torch.nn.attention import SDPBackend
+    backward = _load(BENCHMARKS / "backward.py")
+    for name, value in dict(time_ms=_one_ms, BATCH=1, HEADS=2).items():
+        monkeypatch.setattr(backward, name, value)
+    table = {"tileattn": (False, backward._tileattn(False)),
+             "tileattn-deterministic": (False, backward._tileattn(True)),
+             "cudnn": (True, backward._sdpa(SDPBackend.MATH))}   # the CPU's yardstick
+    rows = backward.measure(dict(D=64, causal=True, N=45), table, torch.device("cpu"))
+    assert {(r["impl"], r["pass"]) for r in rows} == {
+        (i, p) for i in table for p in ("backward", "forward+backward")}
+    assert all(r["distance_to_yardstick"] < backward.CHECK_TOLERANCE for r in rows)
+    assert max(r["distance_to_yardstick"] for r in rows) > 0   # tileattn's own gradients
+
+
+def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
+    mods = _load(BENCHMARKS / "flex_mods.py")
+    _eager_flex(monkeypatch)
+    for name, value in dict(time_ms=_one_ms, BATCH=2, HEADS=2, HEAD_DIM=64, DOCUMENTS=3,
+                            CHECK_ROWS=16).items():
+        monkeypatch.setattr(mods, name, value)
+    inputs = mods.make_inputs(128, torch.device("cpu"))
+    for case in ("document", "alibi"):
+        rows = mods.measure(dict(case=case, dtype="bf16", N=128), inputs, torch.device("cpu"))
+        assert [r["impl"] for r in rows] == ["tileattn", "flex"]
+        assert all(r["check_error"] <= mods.CHECK_TOLERANCE["bf16"] and r["tflops"] for r in rows)
+        assert 0 < rows[0]["density"] <= 0.51
