@@ -1,8 +1,11 @@
-"""Context-parallel causal attention, weak scaling: tileattn.distributed.attention (zigzag ring)
-against the same work on one GPU and against torch's context_parallel over SDPA, in one run.
+"""Context-parallel causal attention, weak scaling: benchmarks/context_parallel.py times
+tileattn.distributed.attention (zigzag ring) against the same work on one GPU and against
+torch's context_parallel over SDPA, in one run. Run with torchrun on one host:
 
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 8 benchmarks/context_parallel.py \\
-        --out benchmarks/results/<date>-h200-context-parallel.json
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 8 benchmarks/context_parallel.py
+
+and it writes `context-parallel-<gpu>.json` under --out (default $OUT, else .): evidence for
+docs/design.md, "Context parallelism", not a results grid (it needs several GPUs).
 
 Every context-parallel size W in --worlds (default: 2, 4, 8 up to the GPUs launched) runs at
 once on the launched GPUs as world/W independent groups of W consecutive ranks (a dp x cp
@@ -43,9 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import statistics
-import sys
 import time
 
 import torch
@@ -55,23 +56,24 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import tileattn
 import tileattn.distributed as td
-from tileattn.bench.common import device_facts, gpu_slug, spin_up
+from tileattn.bench.common import device_facts, gpu_slug, spin_up, write_json
 from tileattn.distributed.layout import block_task
 
 HEAD_DIM = 128
 TRIALS = 3
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="results JSON path")
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="torchrun ... benchmarks/context_parallel.py",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else .)")
     parser.add_argument("--worlds", default=None, help="context-parallel sizes, e.g. 2,4,8")
     parser.add_argument("--lengths", default="32768,65536,131072", help="positions per GPU")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--dtypes", default="bf16,fp8")
     parser.add_argument("--torch-backends", default="cudnn,flash", help="'' skips torch's CP")
     parser.add_argument("--torch-rotate", default="allgather", choices=("allgather", "alltoall"))
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def timed_ms(fn, group=None) -> float:
@@ -140,7 +142,7 @@ def local_calls(q, k, v, descales, cp_rank, world):
     return run
 
 
-def torch_context_parallel(cp_mesh, q, k, v, backend, seqlen):
+def torch_context_parallel(cp_mesh, q, k, v, backend, seqlen, rotate):
     """(time in ms, local output [1, L, H, D]) of torch's context_parallel over SDPA."""
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
@@ -151,7 +153,7 @@ def torch_context_parallel(cp_mesh, q, k, v, backend, seqlen):
     # context_parallel picks its load balancer from its first buffer's length: a stand-in for
     # the sequence (W·L positions), sharded in place; q, k, v are already shards.
     positions = torch.arange(seqlen, device="cuda")[None]
-    set_rotate_method(ARGS.torch_rotate)
+    set_rotate_method(rotate)
     with torch.no_grad(), sdpa_kernel([chosen]), context_parallel(
             cp_mesh, buffers=[positions], buffer_seq_dims=[1], no_restore_buffers={positions}):
         def call():
@@ -161,11 +163,11 @@ def torch_context_parallel(cp_mesh, q, k, v, backend, seqlen):
     return milliseconds, out
 
 
-def measure(world, length, dtype, mesh, rank, row):
+def measure(args, world, length, dtype, mesh, rank, row):
     """Fill row with the ring, same-FLOPs and local-calls times (and torch's for bf16)."""
     group = mesh["cp"].get_group()
     cp_rank = dist.get_rank(group)
-    heads = ARGS.heads
+    heads = args.heads
     q, k, v, descales = random_shards(1000 + rank, length, heads, dtype)
 
     def ring():
@@ -181,11 +183,11 @@ def measure(world, length, dtype, mesh, rank, row):
     row["tflops_per_rank"] = 4 * HEAD_DIM * heads * pairs_per_head / row["ring_ms"] / 1e9
     if dtype == "bf16":
         RING_BF16[(world, length)] = out
-        for backend in [b for b in ARGS.torch_backends.split(",") if b]:
+        for backend in [b for b in args.torch_backends.split(",") if b]:
             key = f"torch_cp_{backend}_ms"
             try:
-                milliseconds, torch_out = torch_context_parallel(mesh["cp"], q, k, v, backend,
-                                                                 world * length)
+                milliseconds, torch_out = torch_context_parallel(
+                    mesh["cp"], q, k, v, backend, world * length, args.torch_rotate)
                 row[key] = max(gathered(milliseconds, group))
                 row[f"vs_torch_cp_{backend}"] = relative_difference(out, torch_out, group)
             except Exception as error:  # noqa: BLE001 (recorded: a peer that cannot run)
@@ -210,48 +212,42 @@ def measure(world, length, dtype, mesh, rank, row):
 RING_BF16: dict = {}
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if os.environ.get("NCCL_NVLS_ENABLE") != "0":   # NVLink multicast stays off here
         raise SystemExit("run with NCCL_NVLS_ENABLE=0 in the environment (torchrun passes it on)")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    worlds = ([int(w) for w in ARGS.worlds.split(",")] if ARGS.worlds
+    worlds = ([int(w) for w in args.worlds.split(",")] if args.worlds
               else [w for w in (2, 4, 8) if w <= world_size and world_size % w == 0])
-    lengths = [int(n) for n in ARGS.lengths.split(",")]
-    dtypes = ARGS.dtypes.split(",")
+    lengths = [int(n) for n in args.lengths.split(",")]
     for world in worlds:
-        if world_size % world or ARGS.heads % world:
-            raise SystemExit(f"W={world} must divide the {world_size} ranks and the {ARGS.heads} heads")
+        if world_size % world or args.heads % world:
+            raise SystemExit(f"W={world} must divide the {world_size} ranks and the {args.heads} heads")
     spin_up()
     rows = []
     for world in worlds:
         mesh = init_device_mesh("cuda", (world_size // world, world), mesh_dim_names=("dp", "cp"))
         for length in lengths:
-            for dtype in dtypes:
+            for dtype in args.dtypes.split(","):
                 row = {"W": world, "positions_per_gpu": length, "seqlen": world * length,
-                       "heads": ARGS.heads, "head_dim": HEAD_DIM, "dtype": dtype, "causal": True}
-                measure(world, length, dtype, mesh, rank, row)
+                       "heads": args.heads, "head_dim": HEAD_DIM, "dtype": dtype, "causal": True}
+                measure(args, world, length, dtype, mesh, rank, row)
                 torch.cuda.empty_cache()
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
     if rank == 0:
         facts = device_facts()
-        path = pathlib.Path(ARGS.out)
-        if gpu_slug(facts["device"]) not in path.name or "context" not in path.name:
-            print(f"note: {path.name} does not name the GPU ({gpu_slug(facts['device'])}) and "
-                  "'context'", file=sys.stderr)
         payload = {**facts, "ranks": world_size, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                    "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
-                   "torch_rotate": ARGS.torch_rotate, "definitions": __doc__, "rows": rows}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=1) + "\n")
+                   "torch_rotate": args.torch_rotate, "definitions": __doc__, "rows": rows}
+        path = write_json(f"context-parallel-{gpu_slug(facts['device'])}", payload, args.out)
         print(f"wrote {path}")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    ARGS = parse_args()
     main()

@@ -1,60 +1,73 @@
-"""Accuracy of FP8 scale choices (tileattn.quantize_qkv_fp8: per tensor, per head, per block,
-K smoothing, Hadamard rotation) on plain, outlier and attention-sink inputs, against fp64
-attention of the unquantized inputs. What is measured and how: tileattn/bench/fp8_scales.py.
+"""The FP8 scales rows of the accuracy grid alone: benchmarks/fp8_scales_accuracy.py measures
+tileattn.quantize_qkv_fp8's scale choices (per tensor, per head, per block, K smoothing,
+Hadamard rotation) on plain, outlier, key-offset and attention-sink inputs against fp64
+attention of the unquantized inputs (tileattn/bench/fp8_scales.py says how). The whole accuracy
+grid, these rows included, is `python -m tileattn accuracy`.
 
-    CPU (quantization in torch ops, attention emulated in fp64; ~10 s):
-        PYTHONPATH=$PWD python benchmarks/fp8_scales_accuracy.py
-    CPU, quantization and the kernel column in the Triton interpreter (minutes):
-        PYTHONPATH=$PWD python benchmarks/fp8_scales_accuracy.py --interpret
-    GPU (Triton quantization kernels, the kernel column from attention()):
-        PYTHONPATH=$PWD python benchmarks/fp8_scales_accuracy.py --device cuda \
-            --batch 2 --seqlen 4096 --heads 8 --seeds 0 1 2 --out benchmarks/results
+    GPU (Triton quantization kernels, the kernel column from attention(); ~1.5 min on an H100;
+    writes <gpu>/accuracy-partial.json under --out, default benchmarks/results in a checkout):
+        python benchmarks/fp8_scales_accuracy.py --device cuda            # fp8_scales.GPU_SHAPE
+        python benchmarks/fp8_scales_accuracy.py --device cuda --quick    # seed 0 only
+    CPU (quantization in torch ops, attention emulated in fp64; seconds; evidence JSON
+    fp8-scales-accuracy-cpu.json under --out, default $OUT, else .):
+        PYTHONPATH=$PWD python benchmarks/fp8_scales_accuracy.py --seeds 0 1 2
+    CPU with the quantization and the kernel column in Triton's interpreter (minutes):
+        TRITON_INTERPRET=1 PYTHONPATH=$PWD python benchmarks/fp8_scales_accuracy.py
 """
 
+from __future__ import annotations
+
 import argparse
-import datetime
-import json
-import os
-import pathlib
-import sys
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seqlen", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--interpret", action="store_true",
-                        help="run the Triton kernels on the CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--out", default=None, help="folder for the results JSON")
-    args = parser.parse_args()
-    if args.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python benchmarks/fp8_scales_accuracy.py",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--seqlen", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--quick", action="store_true", help="seed 0 only")
+    parser.add_argument("--out", default=None, help="folder for the results (see above)")
+    args = parser.parse_args(argv)
 
     import torch
 
     from tileattn import interpreter_fixes
     from tileattn.bench import fp8_scales
-    if args.interpret:
+    from tileattn.bench.common import device_facts, write_json, write_results
+    from tileattn.kernels.runtime import interpreter_active
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is visible")
+    interpreted = interpreter_active()
+    if interpreted:   # TRITON_INTERPRET=1 was set before tileattn was imported
         interpreter_fixes.apply()
-    rows = fp8_scales.run(batch=args.batch, seqlen=args.seqlen, heads=args.heads,
-                          head_dim=args.head_dim, seeds=tuple(args.seeds), device=args.device)
-    print(f"causal, B={args.batch} N={args.seqlen} H={args.heads} D={args.head_dim}, "
-          f"seeds {args.seeds}, e4m3; relative L2 error vs fp64 on the unquantized inputs")
+    shape = dict(fp8_scales.GPU_SHAPE) if on_gpu else dict(batch=1, seqlen=256, heads=2,
+                                                           head_dim=128, seeds=(0,))
+    for name in ("batch", "seqlen", "heads", "head_dim", "seeds"):
+        if getattr(args, name) is not None:
+            shape[name] = tuple(args.seeds) if name == "seeds" else getattr(args, name)
+    if args.quick:
+        shape["seeds"] = (0,)
+    rows = fp8_scales.run(device=args.device, **shape)
+    print(f"causal, B={shape['batch']} N={shape['seqlen']} H={shape['heads']} "
+          f"D={shape['head_dim']}, seeds {list(shape['seeds'])}, e4m3; relative L2 error vs "
+          f"fp64 on the unquantized inputs")
     print(fp8_scales.format_table(rows))
-    if args.out:
-        device = (torch.cuda.get_device_name() if args.device.startswith("cuda")
-                  else "cpu-interpreter" if args.interpret else "cpu")
-        payload = {"device": device, "torch": torch.__version__,
-                   "date": datetime.date.today().isoformat(), "argv": sys.argv[1:], "rows": rows}
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{payload['date']}-{device.split()[-1].lower()}-fp8-scales-accuracy.json"
-        path.write_text(json.dumps(payload, indent=1) + "\n")
-        print(f"results: {path}")
+    if on_gpu:   # part of the accuracy grid: never its canonical file
+        path = write_results("accuracy", {**device_facts(), "rows": rows}, args.out,
+                             complete=False)
+    else:
+        import datetime
+        facts = {"device": "cpu-interpreter" if interpreted else "cpu",
+                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                 "shape": {k: list(v) if k == "seeds" else v for k, v in shape.items()}}
+        path = write_json("fp8-scales-accuracy-" + facts["device"], {**facts, "rows": rows},
+                          args.out)
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":

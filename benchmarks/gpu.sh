@@ -10,7 +10,15 @@
 #   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py
 #   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
 #   mla          python -m tileattn bench --mla          -> $OUT/<gpu>/mla.json
-#   accuracy     python -m tileattn accuracy             -> $OUT/<gpu>/accuracy.json
+#   accuracy     python -m tileattn accuracy             -> $OUT/<gpu>/accuracy.json (FP8 scales rows too)
+#   backward     python benchmarks/backward.py --quick   (~2 min)      -> <gpu>/backward-partial.json
+#   serving      python benchmarks/serving.py --quick    (~2 min)      -> <gpu>/serving-partial.json
+#   mods         python benchmarks/flex_mods.py --quick  (~1.5 min)    -> <gpu>/mods-partial.json
+#   fp8-accuracy python benchmarks/fp8_scales_accuracy.py --device cuda (~1.5 min)
+#                                                        -> <gpu>/accuracy-partial.json
+#   backward-full, serving-full, mods-full   the full grid, or the part its ARGs name (e.g.
+#                backward-full:--head-dims:64:128), -> <gpu>/<grid>.json when complete, else
+#                <grid>-partial.json (merge parts with the script's --merge)
 #   demo, info   python -m tileattn demo / info
 #   ncu-prefill:D:COLUMN:N:CAUSAL[:--kernel:K]   Nsight Compute of one prefill launch
 #   ncu-mla:HEADS:bf16|fp8[:--batch:B:--seq-len:S]   Nsight Compute of one MLA partial launch
@@ -23,6 +31,10 @@
 # nvidia-cudnn-frontend for the cuDNN FP8 peer) are installed into /tmp/site first, and
 # /tmp/site is put on PYTHONPATH when it exists (shared/BENCHMARKS.md: FlashAttention-4).
 # STEP_TIMEOUT (seconds, default 600) bounds each step, so that a hang cannot eat the call.
+# Grid steps (backward, serving, mods and their -full forms) start no new point once the call's
+# budget is nearly spent: CALL_BUDGET_S (default 600, the device's limit a call) minus the time
+# since gpu.sh started, minus 90 s for the last point and the results (an explicit
+# :--budget-s:S wins). Each writes its partial file after every point, so a cut run keeps rows.
 # Exit status: 0 when every step succeeded, 1 otherwise (the remaining steps still run).
 
 set -u -o pipefail
@@ -63,6 +75,15 @@ NCU_SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section
               --section LaunchStats --section MemoryWorkloadAnalysis)
 NCU_SUMMARY="Duration|Registers Per|Block Size|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|pipe_|stalled|Throughput|L2 Hit|L1/TEX Hit|wavefronts"
 
+# A grid script: benchmarks/SCRIPT with --out, the call's remaining budget and the step's ARGs.
+grid_step() {
+  local script=$1
+  shift
+  local budget=$(( ${CALL_BUDGET_S:-600} - SECONDS - 90 ))
+  [ $budget -lt 1 ] && budget=1
+  logged "$PY" "benchmarks/$script" --out "$OUT" --budget-s "$budget" "$@"
+}
+
 # ncu of the third launch matching a kernel regex; the report goes to $OUT/NAME.txt.
 profile() {
   local name=$1 regex=$2 metrics=$3
@@ -94,6 +115,14 @@ for step in "$@"; do
     prefill) logged "$PY" -m tileattn bench --out "$OUT" ${args[@]+"${args[@]}"} ;;
     mla) logged "$PY" -m tileattn bench --mla --out "$OUT" ${args[@]+"${args[@]}"} ;;
     accuracy) logged "$PY" -m tileattn accuracy --out "$OUT" ${args[@]+"${args[@]}"} ;;
+    backward) grid_step backward.py --quick ${args[@]+"${args[@]}"} ;;
+    serving) grid_step serving.py --quick ${args[@]+"${args[@]}"} ;;
+    mods) grid_step flex_mods.py --quick ${args[@]+"${args[@]}"} ;;
+    backward-full) grid_step backward.py ${args[@]+"${args[@]}"} ;;
+    serving-full) grid_step serving.py ${args[@]+"${args[@]}"} ;;
+    mods-full) grid_step flex_mods.py ${args[@]+"${args[@]}"} ;;
+    fp8-accuracy) logged "$PY" benchmarks/fp8_scales_accuracy.py --device cuda --out "$OUT" \
+                    ${args[@]+"${args[@]}"} ;;
     demo|info) logged "$PY" -m tileattn "$name" ;;
     ncu-prefill) profile "ncu-prefill-$(IFS=-; echo "${args[*]}")" "attention|fmha|sdpa|cudnn|flash" \
                    "$NCU_PREFILL_METRICS" prefill ${args[@]+"${args[@]}"} ;;

@@ -9,7 +9,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DESIGN = REPO / "docs" / "design.md"
-DELETED_AT = "2b9d93e"   # the last commit holding the per-run results files the document cites
+DELETED_AT = "2b9d93e"   # the last commit holding the per-run results files (the default "at")
 
 
 def _headings() -> set[str]:
@@ -48,20 +48,38 @@ def test_cited_canonical_results_exist():
         assert (REPO / "benchmarks" / "results" / name).is_file(), name
 
 
+def _cited_files(text: str) -> list[tuple[str, str]]:
+    """(path, commit) of every backticked results path or benchmarks/ path in text: the commit is
+    the one named by the first "at <commit>" within the next lines (several paths may share
+    it), else DELETED_AT."""
+    cited = []
+    for match in re.finditer(r"`(2026-[^`]+|benchmarks/[^`]+)`", text):
+        if "<" in match.group(1):
+            continue
+        at = re.search(r"\bat ([0-9a-f]{7,40})\b", text[match.end():match.end() + 300])
+        cited.append((match.group(1), at.group(1) if at else DELETED_AT))
+    return cited
+
+
+def test_citations_find_their_commit():
+    text = "`2026-a.json` and `2026-b.json` at 23ef787; `benchmarks/x.py`, `2026-c.json` at 2b9d93e"
+    assert _cited_files(text) == [("2026-a.json", "23ef787"), ("2026-b.json", "23ef787"),
+                                  ("benchmarks/x.py", "2b9d93e"), ("2026-c.json", "2b9d93e")]
+
+
 def test_cited_deleted_runs_exist_at_their_commit():
-    text = DESIGN.read_text()
-    cited = [path for path in re.findall(r"`(2026-[^`]+|benchmarks/[^`]+)`", text)
-             if "<" not in path]
+    cited = _cited_files(DESIGN.read_text())
     try:
-        subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{DELETED_AT}^{{commit}}"],
-                       check=True, capture_output=True)
+        for commit in {commit for _, commit in cited}:
+            subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
+                           check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"no git history with {DELETED_AT} here")
+        pytest.skip("no git history with the cited commits here")
     assert len(cited) >= 25
-    for path in cited:
+    for path, commit in cited:
         full = path if path.startswith("benchmarks/") else f"benchmarks/results/{path}"
         if full.startswith("benchmarks/") and (REPO / full).exists():
             continue   # a file still in the tree (a maintained script)
         done = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e",
-                               f"{DELETED_AT}:{full.rstrip('/')}"], capture_output=True)
-        assert done.returncode == 0, f"{full} is not in {DELETED_AT}"
+                               f"{commit}:{full.rstrip('/')}"], capture_output=True)
+        assert done.returncode == 0, f"{full} is not in {commit}"

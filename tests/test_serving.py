@@ -224,3 +224,25 @@ def test_empty_batch_and_queries():
     cu_k = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
     out, lse = tileattn.attention_varlen(q, k, k, cu_q, cu_k, 0, 5, return_lse=True)
     assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+
+
+def test_bf16_queries_over_an_fp8_paged_cache_decode():
+    """The common serving case: a 16-bit q reads an FP8 cache (descales per tensor), through
+    the decode kernel; a prefill-sized call of the same mix is refused by name."""
+    lengths_q, lengths_k = [1, 2, 1], [30, 17, 64]
+    q, cu_q = _packed(lengths_q, 4, 64, torch.bfloat16, 11)
+    k, cu_k = _packed(lengths_k, 2, 64, torch.bfloat16, 12)
+    (k8, kd), (v8, vd) = (_quantize(x, E4M3) for x in (k, k * 0.5))
+    q = q.bfloat16()
+    k_cache, table = _paged(k8, cu_k, 16, 13)
+    v_cache, _ = _paged(v8, cu_k, 16, 13)
+    out = tileattn.attention_varlen(q, k_cache, v_cache, cu_q, cu_k, 2, 64, block_table=table,
+                                    causal=True, k_descale=kd, v_descale=vd)
+    ref, _ = attention_varlen_reference(q, k_cache, v_cache, cu_q, cu_k, block_table=table,
+                                        causal=True, k_descale=kd, v_descale=vd)
+    assert relative_error(out, ref) < TOLERANCES[torch.bfloat16]
+    long_q = torch.zeros(40, 4, 64, dtype=torch.bfloat16, device=DEVICE)
+    cu_long = torch.tensor([0, 20, 30, 40], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="runs the decode kernel only"):
+        tileattn.attention_varlen(long_q, k_cache, v_cache, cu_long, cu_k, 20, 64,
+                                  block_table=table, k_descale=kd, v_descale=vd)

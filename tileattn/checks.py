@@ -251,8 +251,10 @@ def varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         if x.dtype not in INPUT_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float8_e4m3fn or float8_e5m2, "
                             f"got {x.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    mixed = paged and q.dtype not in FP8_DTYPES and k.dtype in FP8_DTYPES
+    if k.dtype != v.dtype or (q.dtype != k.dtype and not mixed):
+        raise TypeError(f"q, k and v must share one dtype (or, with a block_table, a 16-bit q "
+                        f"may read an FP8 cache), got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         tensor(name, x, 1)
         if x.dtype != torch.int32:
@@ -294,9 +296,10 @@ def varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                              f"{tuple(k.shape)}")
     max_q = int_in_range("max_seqlen_q", max_seqlen_q, 0)
     max_k = int_in_range("max_seqlen_k", max_seqlen_k, 0)
-    if q.dtype not in FP8_DTYPES and any(d is not None for d in (q_descale, k_descale, v_descale)):
-        raise ValueError("q_descale/k_descale/v_descale apply only to FP8 inputs, "
-                         f"got them with {q.dtype}")
+    for name, x, given in (("q_descale", q, q_descale), ("k_descale", k, k_descale),
+                           ("v_descale", v, v_descale)):
+        if given is not None and x.dtype not in FP8_DTYPES:
+            raise ValueError(f"{name} applies only to an FP8 tensor, got it with {x.dtype}")
     descale("q_descale", q_descale, batch, num_q_heads)
     descale("k_descale", k_descale, batch, num_kv_heads)
     descale("v_descale", v_descale, batch, num_kv_heads)

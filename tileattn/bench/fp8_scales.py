@@ -7,11 +7,15 @@ v), so settings the kernels cannot run yet (block descales) are measured too, th
     exact        fp64 softmax and P @ V: the quantization error alone
     P e4m3       the portable kernel's P: per key tile (BLOCK_N keys, running max m),
                  p = exp2(s - m) in [0, 1] rounded to e4m3 before P @ V, the row sum l taken
-                 from the unrounded p (tileattn/kernels/attention_fwd.py)
+                 from the unrounded p (tileattn/kernels/attention/fwd.py)
     P e4m3 +8    FA3's offset: p = exp2(s - m + 8) in [0, 256], in e4m3's normal range
                  (e4m3 flushes p below 2^-10 to zero and keeps fewer bits below 2^-6)
 and, where attention() takes the descales and runs a kernel (CUDA, or the interpreter), the
 kernel itself.
+
+Rows are the accuracy grid's "scales" rows (dtype fp8e4m3, D, scales = the setting, inputs =
+the kind, seed, shape, one error per P rounding, and rel_vs_fp32_inputs = the kernel's).
+GPU_SHAPE is the shape `python -m tileattn accuracy` measures them at on a GPU.
 
 Inputs (q, k, v [B, N, H, D], N(0, 1) entries, causal):
     plain     as drawn
@@ -47,6 +51,7 @@ P_ROUNDINGS = ("exact", "e4m3", "e4m3+offset")
 OUTLIER_CHANNELS, OUTLIER_FACTOR, KEY_OFFSET = 4, 20.0, 5.0
 SINK_LOGIT = 8.0
 FA3_P_OFFSET = 8.0   # log2 units: P spans [0, 2^8]
+GPU_SHAPE = dict(batch=2, seqlen=4096, heads=8, head_dim=128, seeds=(0, 1, 2))
 
 
 def make_inputs(kind: str, batch: int, seqlen: int, heads: int, head_dim: int, seed: int,
@@ -120,18 +125,20 @@ def _kernel_error(q8, k8, v8, scales, exact) -> float | None:
 
 def measure(kind: str, setting: str, *, batch=1, seqlen=256, heads=2, head_dim=128, seed=0,
             device="cpu", p_roundings=P_ROUNDINGS, kernel=True, block_n=128) -> dict:
-    """One row: errors of one scale setting on one kind of input (causal)."""
+    """One row of the accuracy grid (its "scales" rows): the errors of one scale setting on
+    one kind of input (causal), emulated (one key per P rounding) and of the kernel
+    ("rel_vs_fp32_inputs", None where no kernel runs these descales)."""
     q, k, v = make_inputs(kind, batch, seqlen, heads, head_dim, seed, device)
     exact = attention_reference(q, k, v, causal=True)[0]
     q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, **SETTINGS[setting])
     dequantized = [dequantize(x, scales[name], torch.float64)
                    for x, name in ((q8, "q_descale"), (k8, "k_descale"), (v8, "v_descale"))]
-    row = {"kind": kind, "setting": setting, "seed": seed, "batch": batch, "seqlen": seqlen,
-           "heads": heads, "head_dim": head_dim}
+    row = {"dtype": "fp8e4m3", "D": head_dim, "scales": setting, "inputs": kind, "seed": seed,
+           "batch": batch, "seqlen": seqlen, "heads": heads}
     for rounding in p_roundings:
         out = emulated_attention(*dequantized, causal=True, p_rounding=rounding, block_n=block_n)
         row[rounding] = relative_error(out, exact)
-    row["kernel"] = _kernel_error(q8, k8, v8, scales, exact) if kernel else None
+    row["rel_vs_fp32_inputs"] = _kernel_error(q8, k8, v8, scales, exact) if kernel else None
     return row
 
 
@@ -147,7 +154,7 @@ def format_table(rows: list[dict]) -> str:
     P e4m3 column (the portable kernel's arithmetic)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["kind"], row["setting"]), []).append(row)
+        groups.setdefault((row["inputs"], row["scales"]), []).append(row)
 
     def mean(rows_, key):
         values = [r[key] for r in rows_ if r.get(key) is not None]
@@ -156,7 +163,7 @@ def format_table(rows: list[dict]) -> str:
     lines = [f"{'inputs':<9}{'setting':<21}{'exact P':>10}{'P e4m3':>10}{'P e4m3+8':>10}"
              f"{'kernel':>10}{'e4m3 vs tensor':>16}"]
     for (kind, setting), group in groups.items():
-        values = [mean(group, key) for key in (*P_ROUNDINGS, "kernel")]
+        values = [mean(group, key) for key in (*P_ROUNDINGS, "rel_vs_fp32_inputs")]
         baseline = groups.get((kind, "tensor"))
         ratio = values[1] / mean(baseline, "e4m3") if baseline and values[1] is not None else None
         cells = "".join(f"{v:>10.2e}" if v is not None else f"{'-':>10}" for v in values)

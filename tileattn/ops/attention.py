@@ -165,6 +165,9 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     decode = block_table is not None and (plan is not None or max_q <= DECODE_MAX_Q_LEN)
     if plan is not None and block_table is None:
         raise ValueError("plan (tileattn.decode_plan) applies to a paged cache: pass block_table")
+    if q.dtype != k.dtype and not decode:
+        raise ValueError(f"a {q.dtype} q over a {k.dtype} cache runs the decode kernel only: at "
+                         f"most {DECODE_MAX_Q_LEN} queries per sequence (max_seqlen_q is {max_q})")
     if decode and q.shape[0] > 0:
         from . import decode as decode_op
         score_mod, _, mod_args = mods.builtin(cap, alibi_slopes)

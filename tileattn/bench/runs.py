@@ -1,0 +1,128 @@
+"""A run over a grid, or over part of one, under a time budget; and the merge of partial runs.
+
+A grid is a list of points (dicts: a head dim and context, a serving case...), each measured as
+a few rows that carry the point's fields. The device lends one GPU at most 10 minutes a call, so
+a run stops starting points once its budget is spent, and after every point it writes what it
+has as `<grid>-partial.json`: a step killed by its time limit still leaves its rows. A run that
+did every point of the full grid writes `<grid>.json` instead (common.write_results) and
+removes the partial file it wrote. A full grid longer than one call is run in parts (each a
+partial file) and merged: `merge` writes the canonical file once the parts cover the grid.
+
+Payloads record the keys of the points done (`points_done`) and of those left (`skipped`), so
+a merge knows what is covered; a later part's rows replace an earlier part's for its points.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+from .common import Progress, load_results, results_path, write_results
+
+# The device allows 600 s a call: leave time to write results and for the steps around it.
+DEFAULT_BUDGET_S = 540.0
+
+
+def point_key(point: dict, fields: tuple[str, ...]) -> tuple:
+    """The identity of a point (or of a row measured at it): its values of `fields`, None for
+    a field it does not have (a decode point has no context N, a prefill-like one no batch)."""
+    return tuple(point.get(field) for field in fields)
+
+
+class GridRun:
+    """One run over `points` of a grid whose full list is `full_points` (same fields).
+
+        run = GridRun("backward", facts, points, full_points, ("D", "causal", "N"), out_dir)
+        for point in run:                 # stops once budget_s has passed since construction
+            run.add(point, rows_measured_at(point))
+        path = run.finish()
+
+    extra: more top-level fields for the payload (batch, heads, copy rate...)."""
+
+    def __init__(self, grid: str, facts: dict, points: list[dict], full_points: list[dict],
+                 point_fields: tuple[str, ...], out_dir=None, budget_s: float | None = None,
+                 **extra):
+        self.grid, self.facts, self.points = grid, facts, list(points)
+        self.point_fields = tuple(point_fields)
+        self.full_keys = {point_key(p, self.point_fields) for p in full_points}
+        self.out_dir, self.extra = out_dir, extra
+        self.budget_s = DEFAULT_BUDGET_S if budget_s is None else budget_s
+        self.started = time.time()
+        self.rows: list[dict] = []
+        self.done: list[tuple] = []
+        self.skipped: list[tuple] = []
+        self.wrote_partial = False
+        self.progress = Progress(len(self.points), grid)
+
+    def elapsed(self) -> float:
+        return time.time() - self.started
+
+    def __iter__(self):
+        for index, point in enumerate(self.points):
+            if self.elapsed() > self.budget_s:
+                self.skipped = [point_key(p, self.point_fields) for p in self.points[index:]]
+                print(f"\n{self.grid}: {self.budget_s:.0f} s budget spent, {len(self.skipped)} "
+                      "points left for another run")
+                return
+            yield point
+
+    def add(self, point: dict, rows: list[dict]) -> None:
+        """Record the rows measured at point and write the run so far as the partial file."""
+        self.rows += rows
+        self.done.append(point_key(point, self.point_fields))
+        self.progress.step(" ".join(f"{k}={v}" for k, v in point.items()))
+        write_results(self.grid, self.payload(), self.out_dir, complete=False)
+        self.wrote_partial = True
+
+    def payload(self) -> dict:
+        return {**self.facts, **self.extra, "seconds": round(self.elapsed(), 1),
+                "points_done": [list(k) for k in self.done],
+                "skipped": [list(k) for k in self.skipped], "rows": self.rows}
+
+    def complete(self) -> bool:
+        return self.full_keys <= set(self.done)
+
+    def finish(self) -> pathlib.Path:
+        """Write the canonical file if every point of the full grid was done, else the partial
+        one; returns its path."""
+        complete = self.complete()
+        path = write_results(self.grid, self.payload(), self.out_dir, complete)
+        if complete and self.wrote_partial:
+            results_path(self.grid, self.facts["device"], self.out_dir, False).unlink(
+                missing_ok=True)
+        return path
+
+
+def merge(paths, full_points: list[dict], point_fields: tuple[str, ...],
+          out_dir=None) -> pathlib.Path:
+    """Merge partial runs of one grid on one GPU (in order: a later file's rows replace an
+    earlier one's for the points it did) and write the result: `<grid>.json` when the points
+    done cover full_points, else `<grid>-partial.json`. Returns its path."""
+    payloads = [load_results(path) for path in paths]
+    if not payloads:
+        raise ValueError("merge needs at least one results file")
+    grids = {p["grid"] for p in payloads}
+    devices = {p["device"] for p in payloads}
+    if len(grids) != 1 or len(devices) != 1:
+        raise ValueError(f"files to merge must hold one grid from one GPU, got grids "
+                         f"{sorted(grids)} from {sorted(devices)}")
+    fields = tuple(point_fields)
+    rows_by_point: dict[tuple, list[dict]] = {}
+    for payload in payloads:
+        done = {tuple(key) for key in payload.get("points_done", [])}
+        for key in done:
+            rows_by_point[key] = []
+        for row in payload["rows"]:
+            key = point_key(row, fields)
+            if key in done:
+                rows_by_point[key].append(row)
+    full_keys = {point_key(p, fields) for p in full_points}
+    ordered = sorted(rows_by_point, key=lambda k: json.dumps(k))
+    merged = {**payloads[-1], "merged_from": [pathlib.Path(p).name for p in paths],
+              "seconds": sum(p.get("seconds", 0) for p in payloads),
+              "points_done": [list(k) for k in ordered],
+              "skipped": [list(k) for k in sorted(full_keys - set(ordered), key=json.dumps)],
+              "rows": [row for key in ordered for row in rows_by_point[key]]}
+    merged.pop("grid")
+    return write_results(grids.pop(), merged, out_dir, complete=full_keys <= set(ordered))
