@@ -261,6 +261,7 @@ def test_tensors_on_different_devices():
         _call(meta)
 
 
+@needs_kernels
 @pytest.mark.parametrize("bad_id", [10**5, 10**6, -1, "num_pages"])
 def test_out_of_range_page_ids_raise_and_are_never_followed(bad_id):
     """With a plan (the README's path) an id outside the cache raises outside graph capture
@@ -278,6 +279,7 @@ def test_out_of_range_page_ids_raise_and_are_never_followed(bad_id):
         assert torch.isfinite(out).all()      # page 0 read instead: bounded, not foreign
 
 
+@needs_kernels
 @pytest.mark.parametrize("given", [[41, 71], [70, 40], [39, 69]],
                          ids=["next-step", "swapped", "shorter"])
 def test_a_stale_plan_raises_or_gives_nan_never_a_wrong_answer(given):
