@@ -100,9 +100,12 @@ class _Installed:
 
 
 def _install() -> _Installed:
-    replaced = {op: _cuda_kernel(op) for op in _KERNELS}
+    # Ops and their arguments follow torch's version (e.g. torch 2.11 has no
+    # _flash_attention_forward_no_dropout_inplace): only the ops this torch has are replaced.
+    present = {op: kernel for op, kernel in _KERNELS.items() if hasattr(torch.ops.aten, op)}
+    replaced = {op: _cuda_kernel(op) for op in present}
     library = torch.library.Library("aten", "IMPL", "CUDA")
-    for op, kernel in _KERNELS.items():
+    for op, kernel in present.items():
         library.impl(op, kernel, "CUDA", with_keyset=True)
     _REPLACED.update(replaced)
     return _Installed(library)
@@ -120,6 +123,12 @@ def _call_replaced(op: str, reason: str, keyset, *args, **kwargs):
     if kernel is None:
         raise RuntimeError(f"tileattn does not take this aten::{op} call ({reason}) and there is "
                            "no CUDA kernel of torch's to hand it to")
+    # Keyword arguments newer than this torch's schema were never given (they hold defaults).
+    accepted = {argument.name for argument in getattr(torch.ops.aten, op).default._schema.arguments}
+    dropped = [name for name, value in kwargs.items() if name not in accepted and value is not None]
+    if dropped:
+        raise RuntimeError(f"aten::{op} of torch {torch.__version__} takes no {dropped}")
+    kwargs = {name: value for name, value in kwargs.items() if name in accepted}
     return kernel.call_boxed(keyset, *args, **kwargs)
 
 
