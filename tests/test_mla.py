@@ -176,11 +176,16 @@ def test_fp8_cache_with_fp16_mmas(q_magnitude, v_chunks):
 
 # ---- errors ---------------------------------------------------------------------------------
 
+# Error cases run on the device the kernels run on (CPU tensors need the interpreter).
+ERROR_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def good(**changes):
     q, kv, page_table, lens, _ = make_inputs([3, 20], page_size=16)
     args = dict(q=q, kv_cache=kv, page_table=page_table, seq_lens=lens, softmax_scale=SCALE)
     args.update(changes)
-    return args
+    return {name: value.to(ERROR_DEVICE) if isinstance(value, torch.Tensor)
+            and value.device.type == "cpu" else value for name, value in args.items()}
 
 
 def _call(args):
@@ -242,7 +247,7 @@ ERROR_CASES = {
                            ValueError, "q must have a contiguous last dim"),
     "plan for other batch": (lambda: good(plan=tileattn.mla_plan(
         torch.tensor([3], dtype=torch.int32), num_heads=16, page_size=16,
-        kv_dtype=torch.float16, device="cpu")), ValueError, "plan was made for"),
+        kv_dtype=torch.float16, device=ERROR_DEVICE)), ValueError, "plan was made for"),
     "plan not a plan": (lambda: good(plan={}), TypeError, "plan must come from tileattn.mla_plan"),
 }
 
