@@ -243,7 +243,8 @@ ERROR_CASES = {
                            ValueError, "kv_descale must have shape \\[\\] \\(one scale for the whole cache\\), got \\(2, 1\\)"),
     "softmax_scale missing value": (lambda: good(softmax_scale=float("nan")), ValueError,
                                     "softmax_scale must be a positive finite number"),
-    "q last dim strided": (lambda: good(q=torch.zeros(2, 1, 16, 1152, dtype=torch.float16)[..., ::2]),
+    "q last dim strided": (lambda: good(q=torch.zeros(2, 1, 16, 1152, dtype=torch.float16,
+                                                       device=ERROR_DEVICE)[..., ::2]),
                            ValueError, "q must have a contiguous last dim"),
     "plan for other batch": (lambda: good(plan=tileattn.mla_plan(
         torch.tensor([3], dtype=torch.int32), num_heads=16, page_size=16,

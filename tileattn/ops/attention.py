@@ -188,8 +188,9 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if q.shape[0] == 0 or batch == 0 or max_q == 0:
         return (out, lse) if return_lse else out
     arch = arch_of(device)
-    if block_table is None and v_needs_k_major(arch, v.dtype) and v.shape[0] > 0:
-        v = fp8.k_major_copy(v[None])[0]
+    # Packed FP8 V stays row-major: a K-major copy would start each sequence at an arbitrary
+    # key offset, which no vectorized load can assume aligned (H100: 2.35x slower; docs/
+    # design.md, "Serving masks and varlen/paged prefill").
     if is_fp8:
         q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
                                            for d in (q_descale, k_descale, v_descale))
