@@ -13,9 +13,9 @@ Contract (FlashAttention's, which composes over key blocks): for one block of ke
     the full gradient; the ring adds them up. Returns floating tensors of q's, k's, v's shapes
     (any floating dtype: the ring accumulates in fp32).
 
-The real kernel is being built elsewhere. Until it lands, block_backward calls an fp64 torch
-stand-in, _reference_block_backward: exact but slow and memory-hungry (it materialises the
-[B, Hq, Sq, Sk] scores). SWITCH HERE: make block_backward call the kernel.
+block_backward runs tileattn's backward kernels (kernels/attention/bwd.py) with the merged
+out and lse; _reference_block_backward is the contract's formulas in fp64 torch, the tests'
+yardstick for the composition.
 """
 
 from __future__ import annotations
@@ -26,9 +26,19 @@ import torch
 
 
 def block_backward(dout, q, k, v, out, lse, *, causal: bool, softmax_scale: float):
-    """The per-block backward primitive (module docstring). Today: the fp64 reference stand-in."""
-    return _reference_block_backward(dout, q, k, v, out, lse, causal=causal,
-                                     softmax_scale=softmax_scale)
+    """The per-block backward primitive (module docstring), on tileattn's backward kernels."""
+    from ..arch import arch_of
+    from ..kernels.attention import bwd
+    from ..kernels.runtime import on_device
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    with on_device(q.device):
+        bwd.attention_backward(q, k, v, out.to(q.dtype), lse.contiguous(),
+                               dout.to(q.dtype), dq, dk, dv, causal=causal,
+                               softmax_scale=softmax_scale, window_left=-1, window_right=-1,
+                               arch=arch_of(q.device))
+    return dq, dk, dv
 
 
 def _reference_block_backward(dout, q, k, v, out, lse, *, causal: bool, softmax_scale: float):
