@@ -43,8 +43,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
     PyTorch's SDPA: no queries give an empty output; no keys give zeros and lse -inf.
 
     Differentiable for fp16/bf16 inputs (q, k, v; lse too): the backward recomputes P from the
-    saved out and lse (FlashAttention's memory). deterministic=True accumulates dq in a fixed
-    order (a separate pass) instead of by atomics. FP8 inputs are forward-only.
+    saved out and lse (FlashAttention's memory; extra: 4 bytes per query row and head).
+    deterministic is accepted for FlashAttention compatibility: tileattn's backward always
+    accumulates dq in a fixed order (a separate pass measured faster than atomics on H100).
+    FP8 inputs are forward-only.
 
     Tensors must be on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1 set before import
     (the same Triton kernels run in Triton's interpreter).
