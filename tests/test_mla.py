@@ -220,10 +220,10 @@ ERROR_CASES = {
                         "seq_lens must have one entry per sequence"),
     "page_table rows": (lambda: good(page_table=good()["page_table"][:1]), ValueError,
                         "page_table must have one row per sequence"),
-    "heads not supported": (lambda: good(q=good()["q"][:, :, :8]), ValueError, "num_heads must be one of"),
+    "heads not supported": (lambda: good(q=good()["q"][:, :, :8]), ValueError, r"q.s heads \(dim 2\) must be one of"),
     "q_len 5": (lambda: good(q=good()["q"].expand(2, 5, 16, 576).contiguous(),
                              seq_lens=torch.tensor([30, 30], dtype=torch.int32)),
-                ValueError, "q_len must be in 1..4"),
+                ValueError, "q_len (.dim 1. )?must be in 1..4"),
     "q_len > seq_len": (lambda: good(q=good()["q"].expand(2, 4, 16, 576).contiguous()),
                         ValueError, "must be >= q_len"),
     "seq_len over capacity": (lambda: good(seq_lens=torch.tensor([3, 49], dtype=torch.int32)),
@@ -304,7 +304,7 @@ def test_a_stale_plan_raises_or_gives_nan_never_a_wrong_answer(given):
 
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(num_heads=12), ValueError, "num_heads must be one of"),
-    (dict(q_len=0), ValueError, "q_len must be in 1..4"),
+    (dict(q_len=0), ValueError, "q_len (.dim 1. )?must be in 1..4"),
     (dict(page_size=0), ValueError, "page_size must be >= 1"),
     (dict(kv_dtype=torch.float32), TypeError, "kv_dtype must be"),
     (dict(schedule="fast"), ValueError, "schedule must be one of"),

@@ -31,11 +31,13 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
     if not bool(torch.isfinite(x32).all()):
         raise ValueError("x holds non-finite values (inf or nan), which no FP8 scale can "
                          "represent: a scale from them would zero or poison every value")
-    if per == "tensor":
+    if x.numel() == 0:     # nothing to scale (torch's amax refuses empty reductions)
+        amax = x32.new_zeros(() if per == "tensor" else (x.shape[0], x.shape[2]))
+    elif per == "tensor":
         amax = x32.abs().amax()
     else:
         amax = x32.abs().amax(dim=(1, 3))
-    # An all-zero slice keeps scale 1 instead of dividing by zero.
+    # An all-zero or empty slice keeps scale 1 instead of dividing by zero.
     scale = torch.where(amax > 0, torch.finfo(dtype).max / amax, torch.ones_like(amax))
     broadcast_scale = scale if per == "tensor" else scale[:, None, :, None]
     x_fp8 = (x32 * broadcast_scale).clamp(torch.finfo(dtype).min, torch.finfo(dtype).max).to(dtype)

@@ -109,7 +109,7 @@ def decode_plan(seq_lens_k=None, *, cu_seqlens_k=None, num_q_heads: int, num_kv_
         lengths = _host_lengths(tensor, cumulative, name)
     if device is None:
         raise ValueError("device is needed when the key counts are given as a list")
-    device = torch.device(device)
+    device = checks.cuda_device("device", device)
     _check_lengths(lengths, name)
     for arg, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
                        ("page_size", page_size)):

@@ -24,6 +24,7 @@ import torch
 
 from .. import checks, fp8
 from ..arch import FP8_DTYPES, arch_of, v_needs_k_major
+from ..flex import checks as flex_checks
 from ..flex.block_mask import block_mask_tensors, largest_tile
 from ..flex.translate import translate_mods
 from ..kernels.attention import fwd
@@ -34,7 +35,7 @@ from .call_cache import unit_descale
 def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, return_lse,
             q_descale, k_descale, v_descale):
     """flex_attention()'s implementation."""
-    checks.flex_inputs(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+    flex_checks.flex_inputs(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
                        q_descale, k_descale, v_descale)
     batch, num_q_heads, seqlen_q, head_dim = query.shape
     seqlen_k = key.shape[2]

@@ -26,7 +26,7 @@ from ...arch import Arch
 from .bwd_dkdv import attention_bwd_dkdv_kernel
 from .bwd_dq import attention_bwd_dq_kernel
 from .bwd_scores import packed_rows
-from .fwd import SAME_CONFIGS_AS, TileConfig, padded_head_dim
+from .configs import SAME_CONFIGS_AS, TileConfig, padded_head_dim
 from ..runtime import KernelLaunch
 
 # (arch, padded max(head_dim, head_dim_v)) -> tile configs; every row must fit the chip's

@@ -3,19 +3,16 @@
 A decode step has q_len = 1..8 queries per sequence (the new token, or speculative tokens),
 so a grid of one program per query block leaves most SMs idle and re-reads K/V once per query
 head. Here one program owns one (work item, kv head): a work item is a contiguous chunk of one
-sequence's keys from the split-KV plan (tileattn/split_kv.py), and the program takes **every
+sequence's keys from the split-KV plan (tileattn/scheduler/decode.py), and the program takes **every
 query head of the kv head's GQA group and every query of the sequence** as the M rows of its
 tile (row r = token r // GROUP_SIZE, head kv_head * GROUP_SIZE + r % GROUP_SIZE; 32/8 heads and
 q_len 1 are 4 rows, padded to 16 for the MMA). So each K/V page of a kv head is read from HBM
 once, and decode is bound by the cache's bandwidth, not by repeated reads.
 
-A sequence whose keys are one work item writes the final output and LSE; otherwise each item
-writes its normalised fp32 output and LSE to a workspace slot and the split-KV combine
-(mla_decode_combine.py, shared with MLA) merges a sequence's slots by their LSEs.
-
-Keys are found through the block table: with PAGE_ALIGNED (PAGE_SIZE a multiple of BLOCK_N)
-a key block lies in one page and costs one page-id load; otherwise each key row finds its own
-page. Page ids are clamped into the cache, so a bad id is never dereferenced; it is reported.
+A sequence of one work item writes the final output and LSE; otherwise items write normalised
+fp32 partials that kernels/split_kv_combine.py (shared with MLA) merges by their LSEs. Keys are
+found through the block table (one page id a key block when PAGE_ALIGNED); page ids are clamped
+into the cache, so a bad id is never dereferenced; it is reported.
 
 Safety net against a plan used with other inputs (see DecodePlan): every program compares the
 key count it is given with the one its plan was made for, and its query count with the plan's
@@ -52,6 +49,7 @@ import triton.language as tl
 
 from ...arch import FP8_DTYPES, Arch
 from ..runtime import KernelLaunch
+from .configs import SAME_CONFIGS_AS, descale_args, padded_head_dim
 from ..mla.decode import _widen, kv_widen_mode
 from ..split_kv_combine import split_kv_combine_launch
 from ..softmax import online_softmax_probs
@@ -109,16 +107,8 @@ CONFIGS: dict[tuple[str, int], DecodeConfig] = {
     ("cpu", 128): DecodeConfig(16, 4, 1, 16, 1, max_block_m=16),
     ("cpu", 256): DecodeConfig(16, 4, 1, 16, 1, max_block_m=16),
 }
-_SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
-                    "rocm": "sm80"}
-
-
-def padded_head_dim(head_dim: int) -> int:
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
 def config_for(arch: Arch, head_dim: int, head_dim_v: int) -> DecodeConfig:
-    name = _SAME_CONFIGS_AS.get(arch.name, arch.name)
+    name = SAME_CONFIGS_AS.get(arch.name, arch.name)
     return CONFIGS[(name, padded_head_dim(max(head_dim, head_dim_v)))]
 
 
@@ -435,12 +425,6 @@ def decode_partial_kernel(
         tl.store(partial_lse_ptr + slot_rows, lse, mask=row_valid)
 
 
-def _descale_args(descale):
-    if descale is None or descale.dim() == 0:
-        return descale, 0, 0
-    return descale, descale.stride(0), descale.stride(1)
-
-
 def decode_launches(q, k_cache, v_cache, block_table, kv_lens, kv_lens_cumulative: bool,
                     cu_seqlens_q, out, lse, plan, *, softmax_scale: float, window_left: int,
                     window_right: int, q_descale=None, k_descale=None, v_descale=None,
@@ -468,9 +452,9 @@ def decode_launches(q, k_cache, v_cache, block_table, kv_lens, kv_lens_cumulativ
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     if q_widen in ("bytes", "e5m2_bytes"):
         q = q.view(torch.uint8)
-    q_descale, sqb, sqh = _descale_args(q_descale)
-    k_descale, skb, skh = _descale_args(k_descale)
-    v_descale, svb, svh = _descale_args(v_descale)
+    q_descale, sqb, sqh = descale_args(q_descale)
+    k_descale, skb, skh = descale_args(k_descale)
+    v_descale, svb, svh = descale_args(v_descale)
     if cu_seqlens_q is None:
         cu_seqlens_q = plan.cu_seqlens_q_uniform
     args = dict(

@@ -40,22 +40,14 @@ import triton.language as tl
 from ...arch import Arch
 from ...scheduler import heads_per_group
 from ..runtime import KernelLaunch
-from ..softmax import online_softmax_step
-from .masks import key_blocks, load_tile, paged_rows, visible
+from .configs import SAME_CONFIGS_AS, TileConfig, descale_args, padded_head_dim
+from .fwd_loops import attend_block_list, attend_key_blocks
+from .masks import key_blocks, load_tile
 
 LOG2_E = 1.4426950408889634
-_LOG2_E = tl.constexpr(LOG2_E)
 _LN_2 = tl.constexpr(0.6931471805599453)
 # FP8 P is exp2(s - max + FP8_P_OFFSET): it spans [0, 256], below e4m3's 448 (FA3's Max_offset).
 FP8_P_OFFSET = 8.0
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
 
 
 # (arch, padded head_dim, fp8?) -> tile config. Each row must fit the chip's shared memory;
@@ -90,18 +82,6 @@ CONFIGS: dict[tuple[str, int, bool], TileConfig] = {
 CAUSAL_CONFIGS: dict[tuple[str, int, bool], TileConfig] = {
     ("sm90", 128, True): TileConfig(128, 128, 8, 3),
 }
-# Chips whose rows are another chip's: same shared memory and MMA generation.
-SAME_CONFIGS_AS = {"sm86": "sm89", "sm120": "sm89", "sm87": "sm80", "sm100": "sm90",
-                    "rocm": "sm80"}
-
-
-def padded_head_dim(head_dim: int) -> int:
-    """Triton tiles are powers of two: 96 runs as 128 and 192 as 256 (padding is masked)."""
-    # Plain bit arithmetic: triton.next_power_of_2 is a JIT-wrapped helper whose host cost
-    # short-context calls cannot afford (docs/design.md, "Host overhead and the call cache").
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
 def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool,
                causal: bool = False) -> TileConfig:
     name = SAME_CONFIGS_AS.get(arch.name, arch.name)
@@ -112,126 +92,6 @@ def config_for(arch: Arch, head_dim: int, head_dim_v: int, is_fp8: bool,
     if causal and key in CAUSAL_CONFIGS:
         return CAUSAL_CONFIGS[key]
     return CONFIGS[key]
-
-
-@triton.jit
-def _attend_key_blocks(
-    acc, l_i, m_i, bad_page, q, start, end, indices_ptr,
-    k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
-    stride_k_page, stride_v_page,
-    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
-    qk_scale, mod_args,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    P_OFFSET: tl.constexpr, BLOCK_MASK_KV: tl.constexpr = 0,
-):
-    """Online-softmax update of (acc, l_i, m_i) over key blocks of BLOCK_N: the keys
-    [start, end) when BLOCK_MASK_KV is 0, else the BLOCK_N-wide steps start ..< end of a block
-    mask's list (indices_ptr; BLOCK_MASK_KV keys per listed block). One flat loop either way,
-    so that the compiler pipelines its loads across listed blocks. MASKED applies the sequence
-    end, the window bounds and MASK_MOD; keys at or past seqlen_k load as zeros."""
-    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N if BLOCK_MASK_KV > 0 else 1
-    step = BLOCK_N if BLOCK_MASK_KV == 0 else 1
-    # Contiguous keys in range order: pointers advance by a block each step (no per-row
-    # address arithmetic in the loop); listed or paged keys: each block's rows are computed.
-    k_ptrs = k_base + (start + offs_n)[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
-    v_ptrs = (v_base + (start + offs_n)[:, None].to(tl.int64) * stride_vs
-              + offs_dv[None, :] * stride_vd)
-    for position in tl.range(start, end, step):
-        if BLOCK_MASK_KV > 0:
-            start_n = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_KV
-                       + (position % STEPS) * BLOCK_N)
-        else:
-            start_n = position
-        cols = start_n + offs_n
-        key_ok = cols < seqlen_k
-        if PAGE_SIZE > 0:
-            k_rows, bad = paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages,
-                                     stride_k_page, stride_ks, PAGE_SIZE, BLOCK_N)
-            v_rows, _ = paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages,
-                                   stride_v_page, stride_vs, PAGE_SIZE, BLOCK_N)
-            bad_page = bad_page | bad
-            k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
-            v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd
-        elif BLOCK_MASK_KV > 0:
-            k_ptrs = k_base + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
-            v_ptrs = (v_base + cols[:, None].to(tl.int64) * stride_vs
-                      + offs_dv[None, :] * stride_vd)
-        k = load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
-        qk = tl.dot(q, tl.trans(k))
-        if SCORE_MOD is not None:
-            # Hooks see natural-log scores; the softmax then works in base 2.
-            qk = SCORE_MOD(qk * (qk_scale * _LN_2), batch, head, offs_m[:, None], cols[None, :],
-                           shift, mod_args) * _LOG2_E
-            step_scale = 1.0
-        else:
-            step_scale = qk_scale
-        if MASKED:
-            seen = visible(offs_m, cols, seqlen_k, shift, window_left, window_right,
-                           HAS_LEFT, HAS_RIGHT)
-            if MASK_MOD is not None:
-                seen = seen & MASK_MOD(batch, head, offs_m[:, None], cols[None, :], shift,
-                                       mod_args)
-            qk = tl.where(seen, qk, float("-inf"))
-        # A score hook may return -inf too: rows must survive seeing only -inf.
-        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, step_scale,
-                                                 MASKED or (SCORE_MOD is not None), P_OFFSET)
-        v = load_tile(v_ptrs, key_ok, offs_dv < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)
-        # FP8: P is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit halves the
-        # rounding error of P and the tensor cores take mixed FP8 operands.
-        p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
-        acc = tl.dot(p, v, acc)
-        m_i = m_new
-        if PAGE_SIZE == 0 and BLOCK_MASK_KV == 0:
-            k_ptrs += BLOCK_N * stride_ks
-            v_ptrs += BLOCK_N * stride_vs
-    return acc, l_i, m_i, bad_page
-
-
-@triton.jit
-def _attend_block_list(
-    acc, l_i, m_i, bad_page, q, num_ptr, indices_ptr,
-    k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
-    stride_k_page, stride_v_page,
-    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, P_OFFSET: tl.constexpr,
-    BLOCK_MASK_KV: tl.constexpr,
-):
-    """The key blocks a block mask lists for this tile, BLOCK_MASK_KV keys each walked BLOCK_N
-    at a time: partial ones (MASK_MOD set) all masked; full ones (MASK_MOD None) unmasked but
-    for a last listed block that crosses the sequence end (lists are ascending)."""
-    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N
-    count = tl.load(num_ptr)
-    if MASK_MOD is None:
-        crosses = 0
-        if count > 0:
-            last_end = (tl.load(indices_ptr + count - 1) + 1) * BLOCK_MASK_KV
-            crosses = (last_end > seqlen_k).to(tl.int32)
-        acc, l_i, m_i, bad_page = _attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, 0, (count - crosses) * STEPS, indices_ptr, k_base,
-            v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
-            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
-            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
-            False, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET, BLOCK_MASK_KV)
-        acc, l_i, m_i, bad_page = _attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, (count - crosses) * STEPS, count * STEPS, indices_ptr,
-            k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
-            stride_k_page, stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv,
-            seqlen_k, shift, 0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
-            HEAD_DIM_V_PAD, BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET,
-            BLOCK_MASK_KV)
-    else:
-        acc, l_i, m_i, bad_page = _attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, 0, count * STEPS, indices_ptr, k_base, v_base,
-            stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
-            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
-            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
-            True, False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET, BLOCK_MASK_KV)
-    return acc, l_i, m_i, bad_page
 
 
 @triton.jit
@@ -336,7 +196,7 @@ def attention_fwd_kernel(
         count_at = batch * stride_mask_b + head * stride_mask_h + q_block * stride_mask_q
         index_at = (batch.to(tl.int64) * stride_index_b + head.to(tl.int64) * stride_index_h
                     + q_block.to(tl.int64) * stride_index_q)
-        acc, l_i, m_i, bad_page = _attend_block_list(
+        acc, l_i, m_i, bad_page = attend_block_list(
             acc, l_i, m_i, bad_page, q, kv_num_blocks_ptr + count_at,
             kv_indices_ptr + index_at, k_base, v_base, stride_ks, stride_vs,
             stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
@@ -349,7 +209,7 @@ def attention_fwd_kernel(
             full_index_at = (batch.to(tl.int64) * stride_full_index_b
                              + head.to(tl.int64) * stride_full_index_h
                              + q_block.to(tl.int64) * stride_full_index_q)
-            acc, l_i, m_i, bad_page = _attend_block_list(
+            acc, l_i, m_i, bad_page = attend_block_list(
                 acc, l_i, m_i, bad_page, q, full_kv_num_blocks_ptr + full_count_at,
                 full_kv_indices_ptr + full_index_at, k_base, v_base, stride_ks,
                 stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
@@ -362,20 +222,20 @@ def attention_fwd_kernel(
                                               window_left, window_right, HAS_LEFT, HAS_RIGHT,
                                               BLOCK_N)
         if HAS_LEFT:
-            acc, l_i, m_i, bad_page = _attend_key_blocks(
+            acc, l_i, m_i, bad_page = attend_key_blocks(
                 acc, l_i, m_i, bad_page, q, lo, full_lo, None, k_base, v_base, stride_ks,
                 stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
                 head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left,
                 window_right, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
                 HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
                 P_OFFSET)
-        acc, l_i, m_i, bad_page = _attend_key_blocks(
+        acc, l_i, m_i, bad_page = attend_key_blocks(
             acc, l_i, m_i, bad_page, q, full_lo, full_hi, None, k_base, v_base, stride_ks,
             stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
             head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
             qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
             False, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
-        acc, l_i, m_i, bad_page = _attend_key_blocks(
+        acc, l_i, m_i, bad_page = attend_key_blocks(
             acc, l_i, m_i, bad_page, q, full_hi, hi, None, k_base, v_base, stride_ks,
             stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
             head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
@@ -402,12 +262,6 @@ def attention_fwd_kernel(
         lse_ptrs = (lse_ptr + batch.to(tl.int64) * stride_lse_b + head.to(tl.int64) * stride_lse_h
                     + q_start + offs_m)
         tl.store(lse_ptrs, lse, mask=row_ok)
-
-
-def _descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
-    if descale is None or descale.dim() == 0:
-        return descale, 0, 0
-    return descale, descale.stride(0), descale.stride(1)
 
 
 def _block_list_strides(block_mask) -> dict:
@@ -493,9 +347,9 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         k_strides = (0, k.stride(0), k.stride(1))
         v_strides = (0, v.stride(0), v.stride(1), v.stride(2))
     block_mask = masks.block_mask
-    q_descale, sqb, sqh = _descale_args(q_descale)
-    k_descale, skb, skh = _descale_args(k_descale)
-    v_descale, svb, svh = _descale_args(v_descale)
+    q_descale, sqb, sqh = descale_args(q_descale)
+    k_descale, skb, skh = descale_args(k_descale)
+    v_descale, svb, svh = descale_args(v_descale)
     args = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse,
         q_descale_ptr=q_descale, k_descale_ptr=k_descale, v_descale_ptr=v_descale,

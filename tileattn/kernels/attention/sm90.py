@@ -42,7 +42,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...arch import num_sms
 from ...scheduler import heads_per_group, prefill_work_lists
-from .fwd import padded_head_dim
+from .configs import padded_head_dim
 from .sm90_consumers import Output, Problem, Rings, consumer_partition
 from ..runtime import KernelLaunch
 from ..gluon_common import GL_DTYPES, tma_ready

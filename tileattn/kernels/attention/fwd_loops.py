@@ -1,0 +1,132 @@
+"""The portable forward kernel's key loops (fwd.py): the online-softmax update over a range of
+key blocks or a block mask's list of them, with the masks, hooks and paged addressing of
+masks.py and docs/design.md ("Mods"). Layouts are fwd.py's."""
+
+import triton
+import triton.language as tl
+
+from ..softmax import online_softmax_step
+from .masks import load_tile, paged_rows, visible
+
+_LOG2_E = tl.constexpr(1.4426950408889634)
+_LN_2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def attend_key_blocks(
+    acc, l_i, m_i, bad_page, q, start, end, indices_ptr,
+    k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
+    stride_k_page, stride_v_page,
+    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
+    qk_scale, mod_args,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
+    P_OFFSET: tl.constexpr, BLOCK_MASK_KV: tl.constexpr = 0,
+):
+    """Online-softmax update of (acc, l_i, m_i) over key blocks of BLOCK_N: the keys
+    [start, end) when BLOCK_MASK_KV is 0, else the BLOCK_N-wide steps start ..< end of a block
+    mask's list (indices_ptr; BLOCK_MASK_KV keys per listed block). One flat loop either way,
+    so that the compiler pipelines its loads across listed blocks. MASKED applies the sequence
+    end, the window bounds and MASK_MOD; keys at or past seqlen_k load as zeros."""
+    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N if BLOCK_MASK_KV > 0 else 1
+    step = BLOCK_N if BLOCK_MASK_KV == 0 else 1
+    # Contiguous keys in range order: pointers advance by a block each step (no per-row
+    # address arithmetic in the loop); listed or paged keys: each block's rows are computed.
+    k_ptrs = k_base + (start + offs_n)[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
+    v_ptrs = (v_base + (start + offs_n)[:, None].to(tl.int64) * stride_vs
+              + offs_dv[None, :] * stride_vd)
+    for position in tl.range(start, end, step):
+        if BLOCK_MASK_KV > 0:
+            start_n = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_KV
+                       + (position % STEPS) * BLOCK_N)
+        else:
+            start_n = position
+        cols = start_n + offs_n
+        key_ok = cols < seqlen_k
+        if PAGE_SIZE > 0:
+            k_rows, bad = paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages,
+                                     stride_k_page, stride_ks, PAGE_SIZE, BLOCK_N)
+            v_rows, _ = paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages,
+                                   stride_v_page, stride_vs, PAGE_SIZE, BLOCK_N)
+            bad_page = bad_page | bad
+            k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
+            v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd
+        elif BLOCK_MASK_KV > 0:
+            k_ptrs = k_base + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
+            v_ptrs = (v_base + cols[:, None].to(tl.int64) * stride_vs
+                      + offs_dv[None, :] * stride_vd)
+        k = load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
+        qk = tl.dot(q, tl.trans(k))
+        if SCORE_MOD is not None:
+            # Hooks see natural-log scores; the softmax then works in base 2.
+            qk = SCORE_MOD(qk * (qk_scale * _LN_2), batch, head, offs_m[:, None], cols[None, :],
+                           shift, mod_args) * _LOG2_E
+            step_scale = 1.0
+        else:
+            step_scale = qk_scale
+        if MASKED:
+            seen = visible(offs_m, cols, seqlen_k, shift, window_left, window_right,
+                           HAS_LEFT, HAS_RIGHT)
+            if MASK_MOD is not None:
+                seen = seen & MASK_MOD(batch, head, offs_m[:, None], cols[None, :], shift,
+                                       mod_args)
+            qk = tl.where(seen, qk, float("-inf"))
+        # A score hook may return -inf too: rows must survive seeing only -inf.
+        p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, step_scale,
+                                                 MASKED or (SCORE_MOD is not None), P_OFFSET)
+        v = load_tile(v_ptrs, key_ok, offs_dv < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)
+        # FP8: P is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit halves the
+        # rounding error of P and the tensor cores take mixed FP8 operands.
+        p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
+        acc = tl.dot(p, v, acc)
+        m_i = m_new
+        if PAGE_SIZE == 0 and BLOCK_MASK_KV == 0:
+            k_ptrs += BLOCK_N * stride_ks
+            v_ptrs += BLOCK_N * stride_vs
+    return acc, l_i, m_i, bad_page
+
+
+@triton.jit
+def attend_block_list(
+    acc, l_i, m_i, bad_page, q, num_ptr, indices_ptr,
+    k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
+    stride_k_page, stride_v_page,
+    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, P_OFFSET: tl.constexpr,
+    BLOCK_MASK_KV: tl.constexpr,
+):
+    """The key blocks a block mask lists for this tile, BLOCK_MASK_KV keys each walked BLOCK_N
+    at a time: partial ones (MASK_MOD set) all masked; full ones (MASK_MOD None) unmasked but
+    for a last listed block that crosses the sequence end (lists are ascending)."""
+    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N
+    count = tl.load(num_ptr)
+    if MASK_MOD is None:
+        crosses = 0
+        if count > 0:
+            last_end = (tl.load(indices_ptr + count - 1) + 1) * BLOCK_MASK_KV
+            crosses = (last_end > seqlen_k).to(tl.int32)
+        acc, l_i, m_i, bad_page = attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, 0, (count - crosses) * STEPS, indices_ptr, k_base,
+            v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
+            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
+            False, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET, BLOCK_MASK_KV)
+        acc, l_i, m_i, bad_page = attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, (count - crosses) * STEPS, count * STEPS, indices_ptr,
+            k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
+            stride_k_page, stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv,
+            seqlen_k, shift, 0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+            HEAD_DIM_V_PAD, BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET,
+            BLOCK_MASK_KV)
+    else:
+        acc, l_i, m_i, bad_page = attend_key_blocks(
+            acc, l_i, m_i, bad_page, q, 0, count * STEPS, indices_ptr, k_base, v_base,
+            stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
+            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
+            True, False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET, BLOCK_MASK_KV)
+    return acc, l_i, m_i, bad_page
