@@ -6,7 +6,8 @@ import inspect
 import math
 
 from ..arch import FP8_DTYPES
-from ..checks import INPUT_DTYPES, SUPPORTED_HEAD_DIMS, descale, no_grad, same_device, tensor
+from ..checks import INPUT_DTYPES, descale, no_grad, same_device, tensor
+from ..checks import head_dim as check_head_dim
 
 def _positional_arity(fn) -> int | None:
     try:
@@ -43,9 +44,8 @@ def flex_inputs(query, key, value, score_mod, block_mask, scale, enable_gqa, ret
     if key.shape[3] != head_dim:
         raise ValueError(f"query and key must have the same head_dim, got query {head_dim}, "
                          f"key {key.shape[3]}")
-    for name, dim in (("query/key head_dim", head_dim), ("value head_dim", value.shape[3])):
-        if dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+    check_head_dim("query/key head_dim", head_dim)
+    check_head_dim("value head_dim", value.shape[3])
     if num_q_heads != num_kv_heads and not enable_gqa:
         raise ValueError(f"query has {num_q_heads} heads and key/value {num_kv_heads}: set "
                          "enable_gqa=True for grouped-query attention")

@@ -14,7 +14,7 @@ import torch
 
 from .. import checks
 from ..scheduler import decode as split_kv
-from ..checks import OUTPUT_DTYPES, SUPPORTED_HEAD_DIMS
+from ..checks import OUTPUT_DTYPES
 from ..checks import descale as check_descale
 from ..checks import no_grad as check_no_grad
 from ..checks import same_device as check_same_device
@@ -119,9 +119,8 @@ def decode_plan(seq_lens_k=None, *, cu_seqlens_k=None, num_q_heads: int, num_kv_
         raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads "
                          f"({num_kv_heads})")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    for arg, value in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
-        if value not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"{arg} must be one of {SUPPORTED_HEAD_DIMS}, got {value!r}")
+    checks.head_dim("head_dim", head_dim)
+    checks.head_dim("head_dim_v", head_dim_v)
     if kv_dtype not in Q_DTYPES:
         raise TypeError(f"kv_dtype must be float16, bfloat16, float8_e4m3fn or float8_e5m2, "
                         f"got {kv_dtype}")
@@ -176,9 +175,8 @@ def _check_decode_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, causal,
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"q and k_cache must have the same head_dim, got q {head_dim}, "
                          f"k_cache {k_cache.shape[3]}")
-    for name, dim in (("q/k head_dim", head_dim), ("v head_dim", v_cache.shape[3])):
-        if dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+    checks.head_dim("q/k head_dim", head_dim)
+    checks.head_dim("v head_dim", v_cache.shape[3])
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table)):
         if x.stride(-1) != 1:
