@@ -254,20 +254,13 @@ def main(argv=None) -> None:
                         help=f"D={QUICK['head_dims']}, N={QUICK['contexts']} (a partial run)")
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS),
                         choices=HEAD_DIMS, help="the part of the full grid to run")
-    parser.add_argument("--budget-s", type=float, default=runs.DEFAULT_BUDGET_S,
-                        help="start no new point after this many seconds")
-    parser.add_argument("--out", default=None,
-                        help="results folder (default: benchmarks/results in a checkout)")
-    parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="merge partial runs into backward.json (no GPU needed)")
+    runs.add_grid_options(parser, "backward")
     parser.add_argument("--sweep", action="store_true",
                         help="time candidate tile configs instead (N=4096)")
     args = parser.parse_args(argv)
-    if args.merge:
-        print(f"wrote {runs.merge(args.merge, grid_points(), POINT_FIELDS, args.out)}")
-    elif not torch.cuda.is_available():
-        raise SystemExit("benchmarks/backward.py needs a CUDA GPU")
-    elif args.sweep:
+    if runs.merged_or_needs_gpu(args, grid_points(), POINT_FIELDS, "benchmarks/backward.py"):
+        return
+    if args.sweep:
         sweep(args)
     else:
         run(args)

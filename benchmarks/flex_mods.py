@@ -186,18 +186,9 @@ def main(argv=None) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"N={QUICK_CONTEXT}, bf16 only")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
-    parser.add_argument("--budget-s", type=float, default=runs.DEFAULT_BUDGET_S,
-                        help="start no new point after this many seconds")
-    parser.add_argument("--out", default=None,
-                        help="results folder (default: benchmarks/results in a checkout)")
-    parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="merge partial runs into mods.json (no GPU needed)")
+    runs.add_grid_options(parser, "mods")
     args = parser.parse_args(argv)
-    if args.merge:
-        print(f"wrote {runs.merge(args.merge, grid_points(), POINT_FIELDS, args.out)}")
-    elif not torch.cuda.is_available():
-        raise SystemExit("benchmarks/flex_mods.py needs a CUDA GPU")
-    else:
+    if not runs.merged_or_needs_gpu(args, grid_points(), POINT_FIELDS, "benchmarks/flex_mods.py"):
         run(args)
 
 

@@ -256,18 +256,9 @@ def main(argv=None) -> None:
                         help="bf16 varlen, window and softcap at N=4096, 4 decode points")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
                         help="the part of the grid to run")
-    parser.add_argument("--budget-s", type=float, default=runs.DEFAULT_BUDGET_S,
-                        help="start no new point after this many seconds")
-    parser.add_argument("--out", default=None,
-                        help="results folder (default: benchmarks/results in a checkout)")
-    parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="merge partial runs into serving.json (no GPU needed)")
+    runs.add_grid_options(parser, "serving")
     args = parser.parse_args(argv)
-    if args.merge:
-        print(f"wrote {runs.merge(args.merge, grid_points(), POINT_FIELDS, args.out)}")
-    elif not torch.cuda.is_available():
-        raise SystemExit("benchmarks/serving.py needs a CUDA GPU")
-    else:
+    if not runs.merged_or_needs_gpu(args, grid_points(), POINT_FIELDS, "benchmarks/serving.py"):
         run(args)
 
 

@@ -149,6 +149,24 @@ def head_dim(name: str, dim: int) -> None:
 
 # ---- attention() -----------------------------------------------------------------------------
 
+def dense_shapes(q, k, v) -> None:
+    """q [B, Sq, Hq, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] agree (4-D tensors, checked
+    before): one batch, k and v one sequence and head count, Hq a multiple of Hkv."""
+    batch, _, num_q_heads, dim = q.shape
+    _, seqlen_k, num_kv_heads, _ = k.shape
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"batch sizes differ: q {batch}, k {k.shape[0]}, v {v.shape[0]}")
+    if v.shape[1] != seqlen_k:
+        raise ValueError(f"v must have k's seqlen ({seqlen_k}), got {v.shape[1]}")
+    if v.shape[2] != num_kv_heads:
+        raise ValueError(f"v must have k's number of heads ({num_kv_heads}), got {v.shape[2]}")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"q's heads ({num_q_heads}) must be a non-zero multiple of k's heads "
+                         f"({num_kv_heads}) for GQA/MQA")
+    if k.shape[3] != dim:
+        raise ValueError(f"k must have q's head_dim ({dim}), got {k.shape[3]}")
+
+
 def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype, *,
                      device_check=True) -> None:
     """Everything attention() requires of its tensors and flags, except softmax_scale
@@ -163,18 +181,8 @@ def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
 
     batch, _, num_q_heads, dim = q.shape
-    _, seqlen_k, num_kv_heads, _ = k.shape
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"batch sizes differ: q {batch}, k {k.shape[0]}, v {v.shape[0]}")
-    if v.shape[1] != seqlen_k:
-        raise ValueError(f"v must have k's seqlen ({seqlen_k}), got {v.shape[1]}")
-    if v.shape[2] != num_kv_heads:
-        raise ValueError(f"v must have k's number of heads ({num_kv_heads}), got {v.shape[2]}")
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"q's heads ({num_q_heads}) must be a non-zero multiple of k's heads "
-                         f"({num_kv_heads}) for GQA/MQA")
-    if k.shape[3] != dim:
-        raise ValueError(f"k must have q's head_dim ({dim}), got {k.shape[3]}")
+    num_kv_heads = k.shape[2]
+    dense_shapes(q, k, v)
     head_dim("q/k head_dim", dim)
     head_dim("v head_dim", v.shape[3])
     for name, x in (("q", q), ("k", k)):

@@ -375,33 +375,17 @@ def _runs_kernels(device: torch.device) -> bool:
 
 def _check_quantize_inputs(q, k, v, dtype, per, smooth_k, rotate, block_size, v_k_major):
     """Every argument rule of quantize_qkv_fp8; returns (block_q, block_k) in rows."""
-    from .checks import no_grad as check_no_grad, same_device as check_same_device
+    from . import checks
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions [batch, seqlen, heads, head_dim], "
-                             f"got shape {tuple(x.shape)}")
+        checks.tensor(name, x, 4)
         if x.dtype not in QUANTIZE_INPUT_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
         if x.device.type not in ("cuda", "cpu"):
             raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
-    check_same_device(q=q, k=k, v=v)
-    check_no_grad("quantize_qkv_fp8", q=q, k=k, v=v)
-    batch, _, num_q_heads, head_dim = q.shape
-    _, seqlen_k, num_kv_heads, _ = k.shape
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"batch sizes differ: q {batch}, k {k.shape[0]}, v {v.shape[0]}")
-    if v.shape[1] != seqlen_k:
-        raise ValueError(f"k and v must have the same seqlen, got k {seqlen_k}, v {v.shape[1]}")
-    if v.shape[2] != num_kv_heads:
-        raise ValueError(f"k and v must have the same number of heads, got k {num_kv_heads}, "
-                         f"v {v.shape[2]}")
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"q's heads ({num_q_heads}) must be a multiple of k's heads "
-                         f"({num_kv_heads}), which must be at least 1")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"q and k must have the same head_dim, got q {head_dim}, k {k.shape[3]}")
+    checks.same_device(q=q, k=k, v=v)
+    checks.no_grad("quantize_qkv_fp8", q=q, k=k, v=v)
+    checks.dense_shapes(q, k, v)
+    head_dim = q.shape[3]
     for name, dim in (("q/k head_dim", head_dim), ("v head_dim", v.shape[3])):
         if not 1 <= dim <= MAX_QUANTIZE_HEAD_DIM:
             raise ValueError(f"{name} must be in 1..{MAX_QUANTIZE_HEAD_DIM}, got {dim}")

@@ -126,3 +126,26 @@ def merge(paths, full_points: list[dict], point_fields: tuple[str, ...],
               "rows": [row for key in ordered for row in rows_by_point[key]]}
     merged.pop("grid")
     return write_results(grids.pop(), merged, out_dir, complete=full_keys <= set(ordered))
+
+
+def add_grid_options(parser, grid: str) -> None:
+    """The options every grid script shares: --budget-s, --out and --merge."""
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help="start no new point after this many seconds")
+    parser.add_argument("--out", default=None,
+                        help="results folder (default: benchmarks/results in a checkout)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help=f"merge partial runs into {grid}.json (no GPU needed)")
+
+
+def merged_or_needs_gpu(args, full_points: list[dict], point_fields: tuple[str, ...],
+                        script: str) -> bool:
+    """With --merge: merges, says where it wrote, and returns True (nothing left to run).
+    Otherwise False, after refusing a machine without a CUDA GPU."""
+    import torch
+    if args.merge:
+        print(f"wrote {merge(args.merge, full_points, point_fields, args.out)}")
+        return True
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} needs a CUDA GPU")
+    return False

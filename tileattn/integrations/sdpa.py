@@ -33,6 +33,7 @@ below can be called directly with CPU tensors (the keyset argument is then None)
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -159,19 +160,15 @@ def flash_attention_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max
     """aten::_flash_attention_forward: q [B, Sq, H, D] (cum_seq_q None) or [total_q, H, D] ->
     (out like query, logsumexp float32 [B, H, Sq] or [H, total_q], philox seed, philox offset,
     debug mask). num_splits is a scheduling hint tileattn decides for itself."""
-    args = (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-            return_debug_mask)
     options = dict(scale=scale, window_size_left=window_size_left,
                    window_size_right=window_size_right, seqused_k=seqused_k,
                    alibi_slopes=alibi_slopes, block_table=block_table, num_splits=num_splits)
-    window = _window(window_size_left, window_size_right, is_causal)
-    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q, seqused_k,
-                          block_table)
-    if reason is not None:
-        return _call_replaced("_flash_attention_forward", reason, keyset, *args, **options)
-    out, lse = _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal, scale,
-                        window, alibi_slopes, block_table)
-    return (_strided_like(out, query), lse, *_dropout_placeholders(query))
+    result = _flash_forward("_flash_attention_forward", keyset, (), query, key, value, cum_seq_q,
+                            cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
+                            options)
+    if not isinstance(result, _Computed):
+        return result
+    return (_strided_like(result.out, query), result.lse, *_dropout_placeholders(query))
 
 
 def flash_attention_forward_no_dropout_inplace(keyset, out, query, key, value, cum_seq_q,
@@ -182,21 +179,38 @@ def flash_attention_forward_no_dropout_inplace(keyset, out, query, key, value, c
                                                block_table=None, num_splits=None):
     """aten::_flash_attention_forward_no_dropout_inplace: flash_attention_forward writing its
     output into `out`; returns the logsumexp."""
-    args = (out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-            return_debug_mask)
     options = dict(scale=scale, window_size_left=window_size_left,
                    window_size_right=window_size_right, seqused_k=seqused_k,
                    alibi_slopes=alibi_slopes, block_table=block_table, num_splits=num_splits)
-    window = _window(window_size_left, window_size_right, is_causal)
-    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q, seqused_k,
-                          block_table)
+    result = _flash_forward("_flash_attention_forward_no_dropout_inplace", keyset, (out,), query,
+                            key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                            return_debug_mask, options)
+    if not isinstance(result, _Computed):
+        return result
+    out.copy_(result.out)
+    return result.lse
+
+
+class _Computed(NamedTuple):
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def _flash_forward(op, keyset, leading, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                   dropout_p, is_causal, return_debug_mask, options):
+    """The flash slots' shared body: tileattn's (out, lse) as _Computed, or, for a call
+    tileattn does not cover, the replaced op's own result (its arguments: `leading` tensors,
+    then the flash forward's)."""
+    reason = _unsupported(query, key, value, dropout_p, return_debug_mask, cum_seq_q,
+                          options["seqused_k"], options["block_table"])
     if reason is not None:
-        return _call_replaced("_flash_attention_forward_no_dropout_inplace", reason, keyset,
-                              *args, **options)
-    result, lse = _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal,
-                           scale, window, alibi_slopes, block_table)
-    out.copy_(result)
-    return lse
+        return _call_replaced(op, reason, keyset, *leading, query, key, value, cum_seq_q,
+                              cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
+                              **options)
+    window = _window(options["window_size_left"], options["window_size_right"], is_causal)
+    return _Computed(*_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, is_causal,
+                               options["scale"], window, options["alibi_slopes"],
+                               options["block_table"]))
 
 
 def scaled_dot_product_flash_attention_backward(keyset, grad_out, query, key, value, out,
