@@ -17,7 +17,7 @@ from tileattn.fp8 import prepare_v
 
 CAPABILITY = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0)}
 
-def compile_case(cap, head_dim, dtype, k_major_v, causal=False):
+def compile_case(cap, head_dim, dtype, k_major_v, causal=False, block_descales=False):
     arch = arch_for_capability(cap)
     q = torch.empty(1, 256, 2, head_dim, dtype=dtype)
     k, v = torch.empty_like(q), torch.empty_like(q)
@@ -26,7 +26,9 @@ def compile_case(cap, head_dim, dtype, k_major_v, causal=False):
     out = torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 256)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
-    launch = attention_launch(q, k, v, out, lse, descale, descale, descale, 0.1, causal, arch)
+    qk_descale = torch.ones(1, 2, 2) if block_descales else descale
+    launch = attention_launch(q, k, v, out, lse, qk_descale, qk_descale, descale, 0.1, causal,
+                              arch)
     c = cross_compile(launch, cap[0] * 10 + cap[1])
     count = lambda pattern: len(re.findall(pattern, c.ptx))
     return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
@@ -44,6 +46,10 @@ for (name, width, is_fp8), config in CONFIGS.items():
     k_major = is_fp8 and arch_for_capability(cap).fp8_v_needs_k_major
     rows.append({"arch": name, "width": width, "fp8": is_fp8, "causal": False,
                  **compile_case(cap, width, dtype, k_major)})
+    if is_fp8:
+        rows.append({"arch": name, "width": width, "fp8": True, "causal": False,
+                     "block_descales": True,
+                     **compile_case(cap, width, dtype, k_major, block_descales=True)})
 for (name, width, is_fp8), config in CAUSAL_CONFIGS.items():
     cap = CAPABILITY[name]
     dtype = torch.float8_e4m3fn if is_fp8 else torch.bfloat16
@@ -76,6 +82,20 @@ def test_sm90_uses_wgmma_and_older_chips_mma_sync(compiled):
             assert row["wgmma"] == 0 and row["mma_sync"] > 0, row
         if row["fp8"]:
             assert row["fp8_mma"] > 0, f"FP8 config fell back to 16-bit MMA: {row}"
+
+
+def test_block_descales_keep_the_pipeline(compiled):
+    """Block descales (one k descale load per key block) keep each FP8 row within its chip and
+    its asynchronous copies and FP8 MMAs: the scalar load must not break the K/V pipeline
+    (the compiler pipelines it too, through shared memory: a few hundred bytes, more copies)."""
+    plain = {(r["arch"], r["width"]): r for r in compiled["rows"]
+             if r["fp8"] and not r["causal"] and not r.get("block_descales")}
+    blocked = [r for r in compiled["rows"] if r.get("block_descales")]
+    assert {(r["arch"], r["width"]) for r in blocked} == set(plain)
+    for row in blocked:
+        base = plain[row["arch"], row["width"]]
+        assert row["shared"] <= base["shared"] + 1024 and row["shared"] <= row["limit"], row
+        assert row["cp_async"] >= base["cp_async"] and row["fp8_mma"] == base["fp8_mma"], row
 
 
 def test_k_major_fp8_v_is_loaded_asynchronously(compiled):

@@ -219,12 +219,7 @@ def test_scales_shapes_and_dtypes(per):
     assert q8.dtype == k8.dtype == v8.dtype == E4M3 and scales.lse_offset is None
 
 
-@pytest.mark.parametrize("per", [
-    "tensor", "head",
-    pytest.param("block", marks=pytest.mark.xfail(
-        raises=ValueError, strict=True,
-        reason="attention() takes block descales once its kernels apply them per tile")),
-])
+@pytest.mark.parametrize("per", ["tensor", "head", "block"])
 def test_attention_takes_the_scales_as_they_are(per):
     q, k, v = normal_inputs(seqlen=37)
     q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per=per)
@@ -235,6 +230,33 @@ def test_attention_takes_the_scales_as_they_are(per):
     assert (out.double() - ref).norm() / ref.norm() < TOLERANCES[E4M3]
     lse_error = (lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)
     assert lse_error.max() < LSE_TOLERANCES[E4M3]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_applies_block_descales_per_tile(causal):
+    """Each 128-row block of q and k has its own magnitude (so its own descale), Sq != Sk,
+    and the kernel's tiles (the interpreter's are 32 x 16) cover each block several times:
+    the output must match fp64 on the dequantized inputs, and one descale per head for the
+    same FP8 values (the answer a kernel ignoring the blocks would give) must not."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, seqlen, heads, 64, generator=gen)
+               for seqlen, heads in ((200, 2), (300, 1), (300, 1)))
+    q = q * (4.0 ** (torch.arange(200) // 128))[None, :, None, None]
+    k = k * (0.25 ** (torch.arange(300) // 128))[None, :, None, None]
+    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q.bfloat16(), k.bfloat16(), v.bfloat16(),
+                                                   per="block")
+    assert scales["k_descale"].shape == (1, 1, 3)
+    # A strided descale: the kernel follows its strides.
+    strided = torch.zeros(1, 1, 6)
+    strided[..., ::2] = scales["k_descale"]
+    scales = dict(scales, k_descale=strided[..., ::2])
+    out = tileattn.attention(q8, k8, v8, causal=causal, **scales)
+    ref, _ = attention_reference(q8, k8, v8, causal=causal, **scales)
+    error = ((out.double() - ref).norm() / ref.norm()).item()
+    assert error < TOLERANCES[E4M3]
+    first_blocks = {name: d[..., 0] if d.dim() == 3 else d for name, d in scales.items()}
+    wrong, _ = attention_reference(q8, k8, v8, causal=causal, **first_blocks)
+    assert ((wrong - ref).norm() / ref.norm()).item() > 10 * TOLERANCES[E4M3]
 
 
 def test_block_descale_entries_cover_128_rows():

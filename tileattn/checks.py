@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .arch import FP8_DTYPES
+from .kernels.attention.configs import DESCALE_BLOCK_ROWS
 from .kernels.attention.layout import is_k_major
 from .kernels.runtime import interpreter_active
 
@@ -130,16 +131,23 @@ def no_grad(function: str, **tensors) -> None:
                         f"{name}.detach()")
 
 
-def descale(name: str, value, batch: int, heads: int) -> None:
+def descale(name: str, value, batch: int, heads: int, seqlen: int | None = None) -> None:
+    """A descale: float32 [] (per tensor) or [batch, heads]; with seqlen (q's and k's of
+    attention()), also [batch, heads, ceil(seqlen / 128)], one per 128-row block."""
     if value is None:
         return
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a float32 torch.Tensor or None, got {type(value).__name__}")
     if value.dtype != torch.float32:
         raise TypeError(f"{name} must be float32, got {value.dtype}")
-    if tuple(value.shape) not in ((), (batch, heads)):
-        raise ValueError(f"{name} must have shape [] (per tensor) or [{batch}, {heads}] "
-                         f"(per batch and head), got {tuple(value.shape)}")
+    shapes = [(), (batch, heads)]
+    wanted = f"[] (per tensor) or [{batch}, {heads}] (per batch and head)"
+    if seqlen is not None:
+        shapes.append((batch, heads, -(-seqlen // DESCALE_BLOCK_ROWS)))
+        wanted = (f"[] (per tensor), [{batch}, {heads}] (per batch and head) or "
+                  f"{list(shapes[2])} (per {DESCALE_BLOCK_ROWS}-row block)")
+    if tuple(value.shape) not in shapes:
+        raise ValueError(f"{name} must have shape {wanted}, got {tuple(value.shape)}")
 
 
 def head_dim(name: str, dim: int) -> None:
@@ -196,8 +204,8 @@ def attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype
     if q.dtype not in FP8_DTYPES and any(d is not None for d in (q_descale, k_descale, v_descale)):
         raise ValueError("q_descale/k_descale/v_descale apply only to FP8 inputs, "
                          f"got them with {q.dtype}")
-    descale("q_descale", q_descale, batch, num_q_heads)
-    descale("k_descale", k_descale, batch, num_kv_heads)
+    descale("q_descale", q_descale, batch, num_q_heads, q.shape[1])
+    descale("k_descale", k_descale, batch, num_kv_heads, k.shape[1])
     descale("v_descale", v_descale, batch, num_kv_heads)
     device = same_device(q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
                          v_descale=v_descale)

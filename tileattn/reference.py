@@ -9,10 +9,12 @@ import math
 
 import torch
 
+from .kernels.attention.configs import DESCALE_BLOCK_ROWS
+
 
 def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
     """x [B, S, H, D] upcast to fp64 (fp64 inputs kept, so autograd reaches them exactly),
-    times its descale (scalar or [B, H])."""
+    times its descale (scalar, [B, H], or [B, H, ceil(S / 128)]: one per 128-row block)."""
     if x.dtype != torch.float64:
         x = x.to(torch.float32).to(torch.float64)
     if descale is None:
@@ -20,6 +22,9 @@ def _descaled(x: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:
     descale = descale.to(device=x.device, dtype=torch.float64)
     if descale.dim() == 2:
         descale = descale[:, None, :, None]
+    elif descale.dim() == 3:
+        rows = torch.arange(x.shape[1], device=x.device) // DESCALE_BLOCK_ROWS
+        descale = descale[:, :, rows].permute(0, 2, 1)[..., None]
     return x * descale
 
 

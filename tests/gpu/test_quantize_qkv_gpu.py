@@ -91,12 +91,7 @@ def test_v_comes_back_in_the_layout_attention_wants():
     assert torch.equal(codes(v8), codes(v8_row_major))
 
 
-@pytest.mark.parametrize("per", [
-    "tensor", "head",
-    pytest.param("block", marks=pytest.mark.xfail(
-        raises=ValueError, strict=True,
-        reason="attention() takes block descales once its kernels apply them per tile")),
-])
+@pytest.mark.parametrize("per", ["tensor", "head", "block"])
 @pytest.mark.parametrize("smooth_rotate", [False, True])
 def test_attention_takes_the_scales(per, smooth_rotate):
     q, k, v = inputs(128, grid=False, shape=(2, 2000, 8, 2))
@@ -113,15 +108,28 @@ def test_attention_takes_the_scales(per, smooth_rotate):
     assert (scales.true_lse(lse).double() - exact_lse).abs().max() < 0.2
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_block_descales_every_head_dim(head_dim, causal):
+    """Block descales through each FP8 config row (tiles of 64 and 128 rows), Sq != Sk, rows
+    of each 128-row block scaled apart so that every block's descale differs."""
+    q, k, v = inputs(head_dim, grid=False, shape=(2, 1500, 8, 2))
+    q = q[:, :700] * (1 + torch.arange(700, device="cuda") // 128)[None, :, None, None]
+    k = k * (0.5 ** (torch.arange(1500, device="cuda") // 128))[None, :, None, None]
+    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per="block")
+    out = tileattn.attention(q8, k8, v8, causal=causal, **scales)
+    ref, _ = attention_reference(q8, k8, v8, causal=causal, **scales)
+    assert (out.double() - ref).norm() / ref.norm() < TOLERANCES[E4M3]
+
+
 def test_accuracy_bar_at_a_longer_context():
     """Issue 19's bar at N=2048 (the CPU test runs N=256): outliers, per block with K
     smoothing and rotation, at most 0.4x the per-tensor error, P rounded as the portable
-    kernel and as FA3 round it."""
-    shape = dict(batch=2, seqlen=2048, heads=4, head_dim=128, seed=0, device="cuda",
-                 kernel=False)
+    kernel and as FA3 round it, and the kernel itself."""
+    shape = dict(batch=2, seqlen=2048, heads=4, head_dim=128, seed=0, device="cuda")
     tensor = fp8_scales.measure("outliers", "tensor", **shape)
     best = fp8_scales.measure("outliers", "block+smooth+rotate", **shape)
-    for rounding in fp8_scales.P_ROUNDINGS:
+    for rounding in (*fp8_scales.P_ROUNDINGS, "rel_vs_fp32_inputs"):
         assert best[rounding] <= 0.4 * tensor[rounding], (tensor, best)
 
 

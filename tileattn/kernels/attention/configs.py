@@ -8,6 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..quantize import TILE_ROWS
+
+# A block descale ([batch, heads, ceil(seqlen / DESCALE_BLOCK_ROWS)], quantize_qkv_fp8's
+# per="block") holds one value per this many rows: quantize.py's tile. Attention tiles
+# (BLOCK_M, BLOCK_N) divide it, so one tile reads one value.
+DESCALE_BLOCK_ROWS = TILE_ROWS
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -31,7 +38,13 @@ def padded_head_dim(head_dim: int) -> int:
 
 def descale_args(descale: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int]:
     """A descale as (pointer, batch stride, head stride): [batch, heads] with its strides, or a
-    scalar (or None) read through strides 0."""
+    scalar (or None) read through strides 0. A block descale's row-block stride:
+    block_descale_stride."""
     if descale is None or descale.dim() == 0:
         return descale, 0, 0
     return descale, descale.stride(0), descale.stride(1)
+
+
+def block_descale_stride(descale: torch.Tensor | None) -> int:
+    """The stride between a block descale's 128-row blocks; 0 for any other descale."""
+    return descale.stride(2) if descale is not None and descale.dim() == 3 else 0

@@ -23,7 +23,8 @@ Layouts (element strides; every tensor may come from a larger fused buffer):
     paged (PAGE_SIZE > 0): k/v [num_pages, PAGE_SIZE, num_kv_heads, head_dim(_v)] with
             block_table int32 [batch, max_pages] (row stride stride_block_table_b)
     q, k, out: last dim contiguous; v: last dim contiguous, or (dense) seqlen dim contiguous
-    *_descale float32 [batch, heads] with strides, or a scalar read through strides 0
+    *_descale float32 [batch, heads] with strides, or a scalar read through strides 0; q's and
+            k's (dense) also [batch, heads, ceil(seqlen / 128)], one per 128-row block
     block mask (BLOCK_MASK_Q > 0): kv_num_blocks / full_kv_num_blocks int32 [B, H, q_blocks]
             and kv_indices / full_kv_indices int32 [B, H, q_blocks, kv_blocks], B and H
             broadcast through stride 0; blocks of BLOCK_MASK_Q queries x BLOCK_MASK_KV keys
@@ -40,7 +41,8 @@ import triton.language as tl
 from ...arch import Arch
 from ...scheduler import heads_per_group
 from ..runtime import KernelLaunch
-from .configs import SAME_CONFIGS_AS, TileConfig, descale_args, padded_head_dim
+from .configs import (DESCALE_BLOCK_ROWS, SAME_CONFIGS_AS, TileConfig, block_descale_stride,
+                      descale_args, padded_head_dim)
 from .fwd_loops import attend_block_list, attend_key_blocks
 from .masks import key_blocks, load_tile
 
@@ -105,8 +107,8 @@ def attention_fwd_kernel(
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh,
     stride_lse_b, stride_lse_h,
-    stride_q_descale_b, stride_q_descale_h,
-    stride_k_descale_b, stride_k_descale_h,
+    stride_q_descale_b, stride_q_descale_h, stride_q_descale_t,
+    stride_k_descale_b, stride_k_descale_h, stride_k_descale_t,
     stride_v_descale_b, stride_v_descale_h,
     stride_block_table_b,
     stride_mask_b, stride_mask_h, stride_mask_q, stride_index_b, stride_index_h, stride_index_q,
@@ -118,7 +120,8 @@ def attention_fwd_kernel(
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_DESCALE: tl.constexpr, RETURN_LSE: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
+    HAS_DESCALE: tl.constexpr, Q_DESCALE_BLOCK: tl.constexpr, K_DESCALE_BLOCK: tl.constexpr,
+    RETURN_LSE: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     IS_VARLEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
     BLOCK_MASK_Q: tl.constexpr, BLOCK_MASK_KV: tl.constexpr, HAS_FULL_BLOCKS: tl.constexpr,
@@ -180,9 +183,16 @@ def attention_fwd_kernel(
 
     qk_scale = softmax_scale_log2
     v_scale = 1.0
+    k_descale_row = k_descale_ptr
     if HAS_DESCALE:
-        qk_scale *= tl.load(q_descale_ptr + batch * stride_q_descale_b + head * stride_q_descale_h)
-        qk_scale *= tl.load(k_descale_ptr + batch * stride_k_descale_b + kv_head * stride_k_descale_h)
+        k_descale_row += batch * stride_k_descale_b + kv_head * stride_k_descale_h
+        q_descale_at = q_descale_ptr + batch * stride_q_descale_b + head * stride_q_descale_h
+        if Q_DESCALE_BLOCK > 0:
+            # A block descale has one value per tile: BLOCK_M divides Q_DESCALE_BLOCK.
+            q_descale_at += (start_m * BLOCK_M // Q_DESCALE_BLOCK) * stride_q_descale_t
+        qk_scale *= tl.load(q_descale_at)
+        if K_DESCALE_BLOCK == 0:
+            qk_scale *= tl.load(k_descale_row)
         v_scale = tl.load(v_descale_ptr + batch * stride_v_descale_b + kv_head * stride_v_descale_h)
 
     # Query i sits at key position i + shift (bottom-right aligned when seqlen_q != seqlen_k).
@@ -197,11 +207,11 @@ def attention_fwd_kernel(
         index_at = (batch.to(tl.int64) * stride_index_b + head.to(tl.int64) * stride_index_h
                     + q_block.to(tl.int64) * stride_index_q)
         acc, l_i, m_i, bad_page = attend_block_list(
-            acc, l_i, m_i, bad_page, q, kv_num_blocks_ptr + count_at,
-            kv_indices_ptr + index_at, k_base, v_base, stride_ks, stride_vs,
-            stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
-            offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V,
-            HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET,
+            acc, l_i, m_i, bad_page, q, kv_num_blocks_ptr + count_at, kv_indices_ptr + index_at,
+            k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_kb,
+            stride_vb, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale,
+            k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+            HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE, SCORE_MOD, MASK_MOD, K_DESCALE_BLOCK, P_OFFSET,
             BLOCK_MASK_KV)
         if HAS_FULL_BLOCKS:
             full_count_at = (batch * stride_full_mask_b + head * stride_full_mask_h
@@ -211,11 +221,11 @@ def attention_fwd_kernel(
                              + q_block.to(tl.int64) * stride_full_index_q)
             acc, l_i, m_i, bad_page = attend_block_list(
                 acc, l_i, m_i, bad_page, q, full_kv_num_blocks_ptr + full_count_at,
-                full_kv_indices_ptr + full_index_at, k_base, v_base, stride_ks,
-                stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
-                head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
-                HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE,
-                SCORE_MOD, None, P_OFFSET, BLOCK_MASK_KV)
+                full_kv_indices_ptr + full_index_at, k_base, v_base, stride_ks, stride_vs,
+                stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
+                offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, k_descale_row,
+                stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
+                BLOCK_N, PAGE_SIZE, SCORE_MOD, None, K_DESCALE_BLOCK, P_OFFSET, BLOCK_MASK_KV)
     else:
         last_row = tl.minimum(start_m * BLOCK_M + BLOCK_M, seqlen_q)
         lo, full_lo, full_hi, hi = key_blocks(start_m * BLOCK_M, last_row, seqlen_k, shift,
@@ -223,24 +233,26 @@ def attention_fwd_kernel(
                                               BLOCK_N)
         if HAS_LEFT:
             acc, l_i, m_i, bad_page = attend_key_blocks(
-                acc, l_i, m_i, bad_page, q, lo, full_lo, None, k_base, v_base, stride_ks,
-                stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
-                head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left,
-                window_right, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+                acc, l_i, m_i, bad_page, q, lo, full_lo, None, k_base, v_base, stride_ks, stride_vs,
+                stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
+                offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right, qk_scale,
+                k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
                 HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
-                P_OFFSET)
+                K_DESCALE_BLOCK, P_OFFSET)
         acc, l_i, m_i, bad_page = attend_key_blocks(
             acc, l_i, m_i, bad_page, q, full_lo, full_hi, None, k_base, v_base, stride_ks,
-            stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
-            head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
-            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
-            False, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
+            stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head,
+            offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right, qk_scale,
+            k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+            HEAD_DIM_V_PAD, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
+            K_DESCALE_BLOCK, P_OFFSET)
         acc, l_i, m_i, bad_page = attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, full_hi, hi, None, k_base, v_base, stride_ks,
-            stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch,
-            head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
-            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
-            True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None, P_OFFSET)
+            acc, l_i, m_i, bad_page, q, full_hi, hi, None, k_base, v_base, stride_ks, stride_vs,
+            stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
+            offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right, qk_scale,
+            k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+            HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
+            K_DESCALE_BLOCK, P_OFFSET)
 
     # Rows that see no key at all output 0, lse -inf. A page id outside the cache (never
     # followed) turns the tile into NaN: the host checks ids outside CUDA graph capture.
@@ -366,7 +378,9 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         stride_ob=out_strides[0], stride_os=out_strides[1], stride_oh=out_strides[2],
         stride_lse_b=lse_strides[0], stride_lse_h=lse_strides[1],
         stride_q_descale_b=sqb, stride_q_descale_h=sqh,
+        stride_q_descale_t=block_descale_stride(q_descale),
         stride_k_descale_b=skb, stride_k_descale_h=skh,
+        stride_k_descale_t=block_descale_stride(k_descale),
         stride_v_descale_b=svb, stride_v_descale_h=svh,
         stride_block_table_b=sequences.block_table.stride(0) if paged else 0,
         **_block_list_strides(block_mask),
@@ -389,6 +403,8 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         CAUSAL=masks.causal, HAS_LEFT=masks.window_left >= 0,
         HAS_RIGHT=masks.causal or masks.window_right >= 0,
         HAS_DESCALE=is_fp8, RETURN_LSE=lse is not None,
+        Q_DESCALE_BLOCK=_block_rows(q_descale, config.block_m),
+        K_DESCALE_BLOCK=_block_rows(k_descale, config.block_n),
         HEADS_PER_GROUP=heads_per_group(masks.causal, seqlen_k, head_dim + head_dim_v,
                                         q.element_size()),
         IS_VARLEN=varlen, PAGE_SIZE=k.shape[1] if paged else 0,
@@ -401,6 +417,15 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
                         config.num_warps, config.num_stages)
+
+
+def _block_rows(descale: torch.Tensor | None, tile: int) -> int:
+    """DESCALE_BLOCK_ROWS for a block descale (whose entries the tile must not straddle), else 0."""
+    if descale is None or descale.dim() != 3:
+        return 0
+    if DESCALE_BLOCK_ROWS % tile:
+        raise ValueError(f"a {tile}-row tile straddles {DESCALE_BLOCK_ROWS}-row descale blocks")
+    return DESCALE_BLOCK_ROWS
 
 
 def bind_attention(launch: KernelLaunch):

@@ -18,18 +18,21 @@ def attend_key_blocks(
     k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
     stride_k_page, stride_v_page,
     batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right,
-    qk_scale, mod_args,
+    qk_scale, k_descale_row, stride_k_descale_t, mod_args,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     PAGE_SIZE: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    P_OFFSET: tl.constexpr, BLOCK_MASK_KV: tl.constexpr = 0,
+    K_DESCALE_BLOCK: tl.constexpr, P_OFFSET: tl.constexpr, BLOCK_MASK_KV: tl.constexpr = 0,
 ):
     """Online-softmax update of (acc, l_i, m_i) over key blocks of BLOCK_N: the keys
     [start, end) when BLOCK_MASK_KV is 0, else the BLOCK_N-wide steps start ..< end of a block
     mask's list (indices_ptr; BLOCK_MASK_KV keys per listed block). One flat loop either way,
     so that the compiler pipelines its loads across listed blocks. MASKED applies the sequence
-    end, the window bounds and MASK_MOD; keys at or past seqlen_k load as zeros."""
+    end, the window bounds and MASK_MOD; keys at or past seqlen_k load as zeros.
+    qk_scale: softmax scale in base 2 with the descales of a tile; with K_DESCALE_BLOCK > 0
+    each key block also multiplies it by its k descale (k_descale_row: this (batch, kv head)'s
+    row of a block descale, K_DESCALE_BLOCK keys per entry, stride_k_descale_t apart)."""
     STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N if BLOCK_MASK_KV > 0 else 1
     step = BLOCK_N if BLOCK_MASK_KV == 0 else 1
     # Contiguous keys in range order: pointers advance by a block each step (no per-row
@@ -59,13 +62,18 @@ def attend_key_blocks(
                       + offs_dv[None, :] * stride_vd)
         k = load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
         qk = tl.dot(q, tl.trans(k))
+        block_scale = qk_scale
+        if K_DESCALE_BLOCK > 0:
+            # Block descales: BLOCK_N divides K_DESCALE_BLOCK, so the block has one k descale.
+            block_scale *= tl.load(k_descale_row + (start_n // K_DESCALE_BLOCK)
+                                   * stride_k_descale_t)
         if SCORE_MOD is not None:
             # Hooks see natural-log scores; the softmax then works in base 2.
-            qk = SCORE_MOD(qk * (qk_scale * _LN_2), batch, head, offs_m[:, None], cols[None, :],
-                           shift, mod_args) * _LOG2_E
+            qk = SCORE_MOD(qk * (block_scale * _LN_2), batch, head, offs_m[:, None],
+                           cols[None, :], shift, mod_args) * _LOG2_E
             step_scale = 1.0
         else:
-            step_scale = qk_scale
+            step_scale = block_scale
         if MASKED:
             seen = visible(offs_m, cols, seqlen_k, shift, window_left, window_right,
                            HAS_LEFT, HAS_RIGHT)
@@ -93,11 +101,12 @@ def attend_block_list(
     acc, l_i, m_i, bad_page, q, num_ptr, indices_ptr,
     k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
     stride_k_page, stride_v_page,
-    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, mod_args,
+    batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, k_descale_row,
+    stride_k_descale_t, mod_args,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, P_OFFSET: tl.constexpr,
-    BLOCK_MASK_KV: tl.constexpr,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, K_DESCALE_BLOCK: tl.constexpr,
+    P_OFFSET: tl.constexpr, BLOCK_MASK_KV: tl.constexpr,
 ):
     """The key blocks a block mask lists for this tile, BLOCK_MASK_KV keys each walked BLOCK_N
     at a time: partial ones (MASK_MOD set) all masked; full ones (MASK_MOD None) unmasked but
@@ -110,23 +119,25 @@ def attend_block_list(
             last_end = (tl.load(indices_ptr + count - 1) + 1) * BLOCK_MASK_KV
             crosses = (last_end > seqlen_k).to(tl.int32)
         acc, l_i, m_i, bad_page = attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, 0, (count - crosses) * STEPS, indices_ptr, k_base,
-            v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
+            acc, l_i, m_i, bad_page, q, 0, (count - crosses) * STEPS, indices_ptr, k_base, v_base,
+            stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
             stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
-            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
-            False, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET, BLOCK_MASK_KV)
+            qk_scale, k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V,
+            HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, False, False, False, PAGE_SIZE, SCORE_MOD, None,
+            K_DESCALE_BLOCK, P_OFFSET, BLOCK_MASK_KV)
         acc, l_i, m_i, bad_page = attend_key_blocks(
             acc, l_i, m_i, bad_page, q, (count - crosses) * STEPS, count * STEPS, indices_ptr,
             k_base, v_base, stride_ks, stride_vs, stride_vd, block_table_row, num_pages,
-            stride_k_page, stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv,
-            seqlen_k, shift, 0, 0, qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
-            HEAD_DIM_V_PAD, BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, None, P_OFFSET,
-            BLOCK_MASK_KV)
+            stride_k_page, stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k,
+            shift, 0, 0, qk_scale, k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM,
+            HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N, True, False, False, PAGE_SIZE,
+            SCORE_MOD, None, K_DESCALE_BLOCK, P_OFFSET, BLOCK_MASK_KV)
     else:
         acc, l_i, m_i, bad_page = attend_key_blocks(
-            acc, l_i, m_i, bad_page, q, 0, count * STEPS, indices_ptr, k_base, v_base,
-            stride_ks, stride_vs, stride_vd, block_table_row, num_pages, stride_k_page,
-            stride_v_page, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0,
-            qk_scale, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_N,
-            True, False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, P_OFFSET, BLOCK_MASK_KV)
+            acc, l_i, m_i, bad_page, q, 0, count * STEPS, indices_ptr, k_base, v_base, stride_ks,
+            stride_vs, stride_vd, block_table_row, num_pages, stride_k_page, stride_v_page, batch,
+            head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, 0, 0, qk_scale, k_descale_row,
+            stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
+            BLOCK_N, True, False, False, PAGE_SIZE, SCORE_MOD, MASK_MOD, K_DESCALE_BLOCK, P_OFFSET,
+            BLOCK_MASK_KV)
     return acc, l_i, m_i, bad_page
