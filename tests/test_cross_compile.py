@@ -58,7 +58,32 @@ for (name, width, is_fp8), config in CAUSAL_CONFIGS.items():
                  **compile_case(cap, width, dtype, k_major, causal=True)})
 fp8_layouts = {str(k_major): compile_case((9, 0), 128, torch.float8_e4m3fn, k_major)
                for k_major in (True, False)}
-print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts}))
+
+def flex_fp8_case(cap, block_q, block_kv):
+    """FP8 under a block mask of block_q x block_kv blocks (tiles of those sizes, as
+    ops/flex.py picks them): keys tiles narrower than 32 are narrower than an FP8 MMA's K."""
+    from tileattn.flex.block_mask import BlockMaskTensors
+    from tileattn.kernels.attention.configs import TileConfig
+    from tileattn.kernels.attention.fwd import Masks
+    arch = arch_for_capability(cap)
+    q = torch.empty(1, 256, 2, 128, dtype=torch.float8_e4m3fn)
+    k, v = torch.empty_like(q), prepare_v(torch.empty_like(q))
+    out = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    counts = torch.zeros(1, 2, 256 // block_q, dtype=torch.int32)
+    indices = torch.zeros(1, 2, 256 // block_q, 256 // block_kv, dtype=torch.int32)
+    masks = Masks(block_mask=BlockMaskTensors(block_q, block_kv, counts, indices, counts,
+                                              indices))
+    descale = torch.ones(())
+    launch = attention_launch(q, k, v, out, None, descale, descale, descale, 0.1, False, arch,
+                              TileConfig(block_q, block_kv, 4, 2), masks=masks)
+    c = cross_compile(launch, cap[0] * 10 + cap[1])
+    return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
+            "fp8_mma": len(re.findall(r"mma[\w.]*\.e4m3", c.ptx)),
+            "mma": len(re.findall(r"mma[\w.]*\.(?:e4m3|f16|bf16)", c.ptx))}
+
+flex_fp8 = [dict(cap=list(cap), block_q=bq, block_kv=bk, **flex_fp8_case(cap, bq, bk))
+            for cap in ((8, 9), (9, 0)) for bq, bk in ((16, 16), (32, 16), (64, 32))]
+print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "flex_fp8": flex_fp8}))
 '''
 
 
@@ -96,6 +121,15 @@ def test_block_descales_keep_the_pipeline(compiled):
         base = plain[row["arch"], row["width"]]
         assert row["shared"] <= base["shared"] + 1024 and row["shared"] <= row["limit"], row
         assert row["cp_async"] >= base["cp_async"] and row["fp8_mma"] == base["fp8_mma"], row
+
+
+def test_fp8_under_narrow_mask_blocks_compiles(compiled):
+    """FlexAttention block masks of 16 keys make key tiles narrower than an FP8 MMA's K (32):
+    such tiles multiply P @ V in fp16 and still compile for every FP8 chip (on sm90 Triton
+    also widens Q @ K^T to fp16 below 64-row tiles, where wgmma does not apply)."""
+    assert len(compiled["flex_fp8"]) == 6
+    for row in compiled["flex_fp8"]:
+        assert row["shared"] <= row["limit"] and row["mma"] > 0, row
 
 
 def test_k_major_fp8_v_is_loaded_asynchronously(compiled):

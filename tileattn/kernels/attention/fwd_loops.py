@@ -85,10 +85,15 @@ def attend_key_blocks(
         p, acc, l_i, m_new = online_softmax_step(qk, m_i, l_i, acc, step_scale,
                                                  MASKED or (SCORE_MOD is not None), P_OFFSET)
         v = load_tile(v_ptrs, key_ok, offs_dv < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)
-        # FP8: P is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit halves the
-        # rounding error of P and the tensor cores take mixed FP8 operands.
-        p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
-        acc = tl.dot(p, v, acc)
+        if (v.dtype == tl.float8e4nv or v.dtype == tl.float8e5) and BLOCK_N < 32:
+            # FP8 MMAs need K >= 32: a narrower key tile (inside a block mask's 16-key blocks)
+            # multiplies P @ V in fp16, which holds every e4m3/e5m2 value and P <= 2^8 exactly.
+            acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)
+        else:
+            # FP8: P is rounded to e4m3 even when V is e5m2; e4m3's extra mantissa bit halves
+            # the rounding error of P and the tensor cores take mixed FP8 operands.
+            p = p.to(tl.float8e4nv) if v.dtype == tl.float8e5 else p.to(v.dtype)
+            acc = tl.dot(p, v, acc)
         m_i = m_new
         if PAGE_SIZE == 0 and BLOCK_MASK_KV == 0:
             k_ptrs += BLOCK_N * stride_ks
