@@ -15,7 +15,8 @@ Every timed call is first checked against cuDNN bf16 of the same point.
     python benchmarks/fp8_prefill.py [--head-dims 128 256] [--contexts 1024 4096 16384]
                                      [--out DIR]
 
-Output: fp8-prefill.json under --out ($OUT, else the current directory).
+Output: the results file <gpu>/fp8.json under --out (default benchmarks/results in a checkout;
+fp8-partial.json for a subset of the default points). `bash benchmarks/gpu.sh fp8` runs it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch
 
 import tileattn
 from tileattn.bench import prefill
-from tileattn.bench.common import device_facts, spin_up, time_ms, write_json
+from tileattn.bench.common import device_facts, spin_up, time_ms, write_results
 
 E4M3 = torch.float8_e4m3fn
 BEST = dict(per="block", smooth_k=True, rotate=True)
 CHECK_TOLERANCE = 1e-1
+HEAD_DIMS, CONTEXTS = (128, 256), (1024, 4096, 16384)
 
 
 def _columns():
@@ -65,11 +67,11 @@ def _relative(out, ref) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 256])
-    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--cost-points", default="128:16384",
                         help="D:N points for the quantize+attention cost (comma-separated)")
-    parser.add_argument("--out", default=None, help="output folder (default $OUT, else .)")
+    parser.add_argument("--out", default=None, help="results folder (see above)")
     args = parser.parse_args(argv)
     columns = _columns()
     spin_up()
@@ -114,7 +116,8 @@ def main(argv=None) -> None:
             cost.append(dict(D=head_dim, N=context, causal=causal, ms=times, ratio=ratio))
             print(f"quantize+attention D={head_dim} N={context} causal={causal}: "
                   f"{times} block+smooth+rotate/tensor {ratio:.3f}", flush=True)
-    path = write_json("fp8-prefill", dict(device_facts(), rows=rows, cost=cost), args.out)
+    complete = set(args.head_dims) >= set(HEAD_DIMS) and set(args.contexts) >= set(CONTEXTS)
+    path = write_results("fp8", dict(device_facts(), rows=rows, cost=cost), args.out, complete)
     print(f"wrote {path}")
 
 

@@ -5,8 +5,8 @@
 #   bash benchmarks/gpu.sh STEP[:ARG[:ARG...]] ...       e.g. bash benchmarks/gpu.sh tests prefill
 #
 # Steps (ARGs are passed on to the command, one word each):
-#   tests        python -m pytest tests/gpu              the fast GPU tier (the default tier)
-#   tests-full   python -m pytest tests/gpu --full       the full grid too (long: run it alone)
+#   tests        python -m pytest tests/gpu -n 8         the fast GPU tier (the default tier; ~1 min)
+#   tests-full   python -m pytest tests/gpu --full -n 14 the full grid too (~5 min: run it alone)
 #   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py
 #   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
 #   mla          python -m tileattn bench --mla          -> $OUT/<gpu>/mla.json
@@ -14,6 +14,7 @@
 #   backward     python benchmarks/backward.py --quick   (~2 min)      -> <gpu>/backward-partial.json
 #   serving      python benchmarks/serving.py --quick    (~2 min)      -> <gpu>/serving-partial.json
 #   mods         python benchmarks/flex_mods.py --quick  (~1.5 min)    -> <gpu>/mods-partial.json
+#   fp8          python benchmarks/fp8_prefill.py (~2.5 min)  -> $OUT/<gpu>/fp8.json (FP8 vs cuDNN FP8)
 #   fp8-accuracy python benchmarks/fp8_scales_accuracy.py --device cuda (~1.5 min)
 #                                                        -> <gpu>/accuracy-partial.json
 #   backward-full, serving-full, mods-full   the full grid, or the part its ARGs name (e.g.
@@ -108,8 +109,9 @@ for step in "$@"; do
   args=("${parts[@]:1}")
   echo "=== $step $(date -u +%T)" | tee -a "$LOG"
   case $name in
-    tests) logged "$PY" -m pytest -q -p no:cacheprovider tests/gpu ${args[@]+"${args[@]}"} ;;
-    tests-full) logged "$PY" -m pytest -q -p no:cacheprovider tests/gpu --full ${args[@]+"${args[@]}"} ;;
+    tests) logged "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/gpu ${args[@]+"${args[@]}"} ;;
+    tests-full) logged "$PY" -m pytest -q -p no:cacheprovider -n 14 tests/gpu --full \
+                  ${args[@]+"${args[@]}"} ;;
     sanitizer) logged compute-sanitizer --tool memcheck --error-exitcode 9 \
                  "$PY" benchmarks/sanitizer_cases.py ;;
     prefill) logged "$PY" -m tileattn bench --out "$OUT" ${args[@]+"${args[@]}"} ;;
@@ -121,6 +123,7 @@ for step in "$@"; do
     backward-full) grid_step backward.py ${args[@]+"${args[@]}"} ;;
     serving-full) grid_step serving.py ${args[@]+"${args[@]}"} ;;
     mods-full) grid_step flex_mods.py ${args[@]+"${args[@]}"} ;;
+    fp8) logged "$PY" benchmarks/fp8_prefill.py --out "$OUT" ${args[@]+"${args[@]}"} ;;
     fp8-accuracy) logged "$PY" benchmarks/fp8_scales_accuracy.py --device cuda --out "$OUT" \
                     ${args[@]+"${args[@]}"} ;;
     demo|info) logged "$PY" -m tileattn "$name" ;;

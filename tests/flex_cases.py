@@ -37,9 +37,30 @@ def _inputs(batch, q_heads, kv_heads, seqlen_q, seqlen_k, dtype, device, seed, k
     return quantized, descales
 
 
-def _block_mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device, block_size=16, **kwargs):
-    return create_block_mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device=device,
-                             BLOCK_SIZE=block_size, **kwargs)
+def _block_mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device, block_size=16,
+                separate_full_blocks=True):
+    if separate_full_blocks:
+        return create_block_mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device=device,
+                                 BLOCK_SIZE=block_size)
+    return _partial_blocks_only(mask_mod, batch, heads, seqlen_q, seqlen_k, device, block_size)
+
+
+def _partial_blocks_only(mask_mod, batch, heads, seqlen_q, seqlen_k, device, block_size):
+    """A BlockMask listing every block with a visible pair as partial (no full-block lists):
+    what create_block_mask(..., separate_full_blocks=False) builds on torch versions that
+    have the flag (torch 2.11, the GPU machine's, has not)."""
+    mask = torch_flex.create_mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device=device)
+    rows, cols = -(-seqlen_q // block_size), -(-seqlen_k // block_size)
+    padded = torch.zeros(batch, heads, rows * block_size, cols * block_size, dtype=torch.bool,
+                         device=device)
+    padded[..., :seqlen_q, :seqlen_k] = mask
+    seen = padded.view(batch, heads, rows, block_size, cols, block_size).any(5).any(3)
+    counts = seen.sum(-1).to(torch.int32)
+    # Visible blocks first, each group in ascending order (a stable sort of "hidden").
+    indices = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+    return torch_flex.BlockMask.from_kv_blocks(counts, indices, BLOCK_SIZE=block_size,
+                                               mask_mod=mask_mod,
+                                               seq_lengths=(seqlen_q, seqlen_k))
 
 
 def case(name: str, dtype=torch.bfloat16, device="cpu", scale_up: int = 1):

@@ -5,7 +5,7 @@ with tileattn active and with torch's kernels restored; outputs and gradients ar
 an fp64 math-backend reference. FA3's yardstick: with tileattn active the error may be at most
 twice the error of torch's flash kernels, plus one rounding unit of the dtype; forward and
 backward both run tileattn's kernels while it is active. Skipped without CUDA or without
-torch's flash-attention registry (torch < 2.13).
+torch's flash-attention registry.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..integration_helpers import ROUNDING_UNIT, counting, relative_error
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(not hasattr(torch.nn.attention, "register_flash_attention_impl"),
-                       reason="torch has no flash-attention registry (needs >= 2.13)"),
+                       reason="torch has no flash-attention registry"),
 ]
 
 HEAD_DIMS = [64, 96, 128, 192, 256]

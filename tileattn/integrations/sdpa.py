@@ -1,10 +1,11 @@
-"""tileattn in the flash-attention slot of torch's scaled_dot_product_attention (torch >= 2.13).
+"""tileattn in the flash-attention slot of torch's scaled_dot_product_attention (a torch with the
+flash-attention registry: 2.11 and 2.13 are tested).
 
     from tileattn.integrations import sdpa
     sdpa.activate()   # F.scaled_dot_product_attention runs tileattn where SDPA picks flash
     sdpa.restore()    # torch's own flash kernels again
 
-torch 2.13 lets a library replace the CUDA kernels behind SDPA's flash backend
+torch (2.11 on) lets a library replace the CUDA kernels behind SDPA's flash backend
 (torch.nn.attention.register_flash_attention_impl / activate_flash_attention_impl, the route
 of its FA3 and FA4 prototypes). activate() registers tileattn as IMPL_NAME and activates it; the
 aten flash forward ops below then run tileattn where it computes exactly what was asked, and the
@@ -61,7 +62,8 @@ def _attention_registry():
     if missing or not hasattr(torch.library, "get_kernel"):
         raise RuntimeError(f"torch {torch.__version__} has no flash-attention registry "
                            f"(torch.nn.attention.{(missing or ['get_kernel'])[0]} is missing); "
-                           "tileattn.integrations.sdpa needs torch >= 2.13")
+                           "tileattn.integrations.sdpa needs a torch that has it "
+                           "(2.11 and 2.13 are tested)")
     return attention
 
 
