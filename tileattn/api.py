@@ -37,7 +37,8 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
       softcap > 0: scores s = scale * q.k become softcap * tanh(s / softcap), before ALiBi.
       alibi_slopes: float32 [Hq] or [B, Hq]; adds -slope * |p - j| to the scores.
     softmax_scale: a positive number (default 1/sqrt(D)).
-    FP8 descales are float32, shape [] or [B, heads]; a missing one means 1.0.
+    FP8 descales are float32, shape [] or [B, heads] (q's and k's also [B, heads, ceil(S / 128)],
+    one per 128-row block: quantize_qkv_fp8's per="block"); a missing one means 1.0.
     Returns out [B, Sq, Hq, Dv] (bf16 for FP8 inputs, else the input dtype, unless out_dtype),
     and with return_lse=True also lse float32 [B, Hq, Sq] (natural log). Empty inputs follow
     PyTorch's SDPA: no queries give an empty output; no keys give zeros and lse -inf.
