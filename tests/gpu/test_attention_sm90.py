@@ -18,7 +18,7 @@ from tileattn.kernels.attention import sm90
 from tileattn.ops import attention as attention_op
 from tileattn.reference import attention_reference
 
-from ..conftest import LSE_TOLERANCES, TOLERANCES
+from ..conftest import GRAD_TOLERANCES, LSE_TOLERANCES, TOLERANCES
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
@@ -152,6 +152,63 @@ def test_repeat_calls_replay_here(causal, monkeypatch):
         assert ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max() \
             < LSE_TOLERANCES[torch.bfloat16]
     assert len(attention_op._CALLS._entries) == 2  # default and explicit scale: two signatures
+
+
+@pytest.mark.parametrize("dtype, head_dim, causal, split", [
+    (torch.bfloat16, 128, True, None), (torch.float16, 256, False, None),
+    (torch.bfloat16, 128, False, False), (torch.bfloat16, 192, True, None),
+], ids=lambda p: str(p).replace("torch.", ""))
+def test_softcap(dtype, head_dim, causal, split):
+    """softcap > 0 (Gemma-2's logit cap) in this kernel: scores s -> cap * tanh(s / cap) before
+    masking, against the fp64 reference, with a cap small enough to bend most scores."""
+    q, k, v = make_inputs(SHAPE, head_dim, dtype)
+    q = q * 4                                           # scores of several units: tanh bends them
+    batch, seqlen_q, num_q_heads, _ = q.shape
+    out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
+                     dtype=dtype)
+    lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
+    config = sm90.config_for(head_dim, head_dim)
+    if split is not None:
+        config = dataclasses.replace(config, split=split)
+    sm90.attention_sm90_launch(q, k, v, out, lse, head_dim ** -0.5, causal, softcap=2.0,
+                               config=config).run()
+    ref, ref_lse = attention_reference(q, k, v, causal=causal, softcap=2.0)
+    plain, _ = attention_reference(q, k, v, causal=causal)
+    assert float((plain - ref).norm() / ref.norm()) > 10 * TOLERANCES[dtype]   # the cap matters
+    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[dtype]
+    assert ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max() \
+        < LSE_TOLERANCES[dtype]
+
+
+def test_softcap_dispatches_replays_and_differentiates_here(monkeypatch):
+    """attention(softcap=...) runs this kernel, its cached replay takes each call's cap, and
+    the backward (the portable kernels, the same tanh) matches fp64 autograd."""
+    from tileattn.arch import arch_of
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._CALLS.clear()
+    launched = []
+    original = sm90.attention_sm90_launch
+    monkeypatch.setattr(sm90, "attention_sm90_launch",
+                        lambda *a, **kw: launched.append(kw.get("softcap")) or original(*a, **kw))
+    for seed, cap in ((0, 3.0), (1, 1.5), (2, 30.0)):     # one signature: the last two replay
+        q, k, v = make_inputs((2, 1000, 1000, 8, 2), 128, torch.bfloat16)
+        q = q * (4 + seed)
+        assert dispatch.attention_kernel(arch_of(q.device), q, k, v, True,
+                                         dispatch.current()) == "sm90"
+        out, lse = tileattn.attention(q, k, v, causal=True, softcap=cap, return_lse=True)
+        ref, ref_lse = attention_reference(q, k, v, causal=True, softcap=cap)
+        assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
+    assert launched == [3.0, 1.5, 30.0]
+    assert len(attention_op._CALLS._entries) == 1
+    q, k, v = (x.detach().requires_grad_() for x in make_inputs(SHAPE, 128, torch.bfloat16))
+    out = tileattn.attention(q * 4, k, v, causal=True, softcap=2.0)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref, _ = attention_reference(q64 * 4, k64, v64, causal=True, softcap=2.0)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
+    for got, want in zip(grads, ref_grads):
+        assert float((got.double() - want).norm() / want.norm()) < GRAD_TOLERANCES[torch.bfloat16]
 
 
 # ---- full grid (pytest --full) -----------------------------------------------------------------

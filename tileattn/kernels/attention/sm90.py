@@ -126,11 +126,11 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
 # nothing (docs/design.md, "Hopper forward kernel").
 @gluon.jit
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
-                          gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2,
+                          gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2, softcap_in,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                          RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr):
+                          RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -147,10 +147,12 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                          + head)
         tile_starts_ptr  int32 [programs + 1]: program p runs
                          tile_ids[tile_starts[p]:tile_starts[p + 1]]
-    gqa_group_size = num_q_heads // num_kv_heads; softmax_scale_log2 = softmax scale * log2(e).
+    gqa_group_size = num_q_heads // num_kv_heads; softmax_scale_log2 = softmax scale * log2(e),
+    or with SOFTCAP cap * log2(e) and softcap_in = 2 * log2(e) * softmax scale / cap (Problem).
     """
     problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                      seqlen_q, seqlen_k, softmax_scale_log2, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL)
+                      seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, BLOCK_M, BLOCK_N,
+                      NUM_STAGES, CAUSAL, SOFTCAP)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
@@ -201,9 +203,10 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
 
 
 def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
-                          config: Sm90Config | None = None,
+                          softcap: float = 0.0, config: Sm90Config | None = None,
                           num_programs: int | None = None) -> KernelLaunch:
-    """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse)."""
+    """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
+    softcap > 0 caps the scores at softcap·tanh(s / softcap) (attention()'s softcap)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     config = config or config_for(head_dim, head_dim_v)
@@ -227,14 +230,16 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     args = dict(
         tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts, num_m_blocks=num_m_blocks,
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
-        seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale_log2=softmax_scale * LOG2_E,
+        seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
+        softcap_in=2 * LOG2_E * softmax_scale / softcap if softcap > 0 else 0.0,
         q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
         out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
         lse_ptr=lse,
     )
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, OUT_DIM=head_dim_v, NUM_STAGES=config.num_stages,
-        CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split,
+        CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
@@ -247,6 +252,8 @@ def bind_attention(causal: bool):
     tensors' addresses."""
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
             mod_args: tuple = ()) -> None:
-        # The descales and mod_args are the call cache's uniform replay interface: None here (16-bit only).
-        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal).run()
+        # The call cache's uniform replay interface: descales are None here (16-bit only);
+        # mod_args are kernels/mods.builtin's, whose first entry is the softcap (0: none).
+        softcap = mod_args[0] if mod_args else 0.0
+        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal, softcap=softcap).run()
     return run

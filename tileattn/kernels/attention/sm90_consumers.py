@@ -27,7 +27,9 @@ from ..gluon_common import Scalar, online_softmax, scalar
 @aggregate
 class Problem:
     """What every partition knows: this program's work list, the problem's sizes, the softmax
-    scale (base 2) and the tile shape (BLOCK_M queries, BLOCK_N keys, NUM_STAGES K/V buffers)."""
+    scale (base 2) and the tile shape (BLOCK_M queries, BLOCK_N keys, NUM_STAGES K/V buffers).
+    With SOFTCAP, scores become cap·tanh(scale·q·k / cap): softcap_in = 2·log2(e)·scale / cap
+    (tanh's exp2 argument per raw score) and softmax_scale_log2 = cap·log2(e)."""
     tile_ids_ptr: Scalar
     tile_starts_ptr: Scalar
     num_m_blocks: Scalar
@@ -36,14 +38,17 @@ class Problem:
     seqlen_q: Scalar
     seqlen_k: Scalar
     softmax_scale_log2: Scalar
+    softcap_in: Scalar
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     NUM_STAGES: gl.constexpr
     CAUSAL: gl.constexpr
+    SOFTCAP: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                 seqlen_q, seqlen_k, softmax_scale_log2, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL):
+                 seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, BLOCK_M, BLOCK_N,
+                 NUM_STAGES, CAUSAL, SOFTCAP):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -52,10 +57,12 @@ class Problem:
         self.seqlen_q = scalar(seqlen_q)
         self.seqlen_k = scalar(seqlen_k)
         self.softmax_scale_log2 = scalar(softmax_scale_log2)
+        self.softcap_in = scalar(softcap_in)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.NUM_STAGES = gl.constexpr(NUM_STAGES)
         self.CAUSAL = gl.constexpr(CAUSAL)
+        self.SOFTCAP = gl.constexpr(SOFTCAP)
 
     @gluon.jit
     def tile_range(self):
@@ -264,6 +271,10 @@ class Consumer:
     def softmax_update(self, s, m_i, l_i, rows, key_start, MASKED: gl.constexpr):
         """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
         (p, alpha, m_new, l_new)."""
+        if self.problem.SOFTCAP:
+            # tanh(x) = 1 - 2 / (e^2x + 1), as the portable kernel's softcap hook (kernels/
+            # mods.py) computes it, so that its backward recomputes the same P; before masking.
+            s = 1.0 - 2.0 / (gl.exp2(s * self.problem.softcap_in) + 1.0)
         if MASKED:
             BLOCK_N: gl.constexpr = self.problem.BLOCK_N
             cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
