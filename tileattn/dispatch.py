@@ -82,8 +82,8 @@ def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """The forward kernel for checked inputs (v already in the layout the call will pass):
     "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster (16-bit
     inputs except D = 64, with enough work) or is forced, and it supports the inputs;
-    "portable" otherwise. Asked only for calls without a window, ALiBi or score hook (softcap
-    is in the Hopper kernel: ops/attention.py)."""
+    "portable" otherwise. Asked only for calls the Hopper kernel can mask: no ALiBi or score
+    hook but softcap, windows with a left bound only (ops/attention.py)."""
     if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
         return "portable"
     if settings.attention == "auto" and not _sm90_preferred(q, k, causal):

@@ -180,6 +180,57 @@ def test_softcap(dtype, head_dim, causal, split):
         < LSE_TOLERANCES[dtype]
 
 
+@pytest.mark.parametrize("dtype, head_dim, causal, left, shape, split", [
+    (torch.bfloat16, 128, True, 1023, SHAPE, None), (torch.bfloat16, 128, True, 0, SHAPE, None),
+    (torch.float16, 256, False, 300, SHAPE, None), (torch.bfloat16, 128, True, 100, SHAPE, False),
+    (torch.bfloat16, 128, True, 64, (1, 3000, 17, 4, 2), None),
+    (torch.bfloat16, 192, True, 77, (2, 1000, 1024, 8, 2), None),
+    (torch.bfloat16, 64, False, 5000, (1, 17, 3000, 4, 2), None),
+], ids=lambda p: str(p).replace("torch.", ""))
+def test_left_window(dtype, head_dim, causal, left, shape, split):
+    """window_size=(left, 0 with causal, else -1): tiles visit only their window's key blocks
+    (a left-masked loop, the full blocks, the right-masked loop); windows of 0, of less than
+    a block, wider than the keys, more queries than keys (rows that see nothing), padded D."""
+    q, k, v = make_inputs(shape, head_dim, dtype)
+    batch, seqlen_q, num_q_heads, _ = q.shape
+    out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
+                     dtype=dtype)
+    lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
+    config = sm90.config_for(head_dim, head_dim)
+    if split is not None:
+        config = dataclasses.replace(config, split=split)
+    sm90.attention_sm90_launch(q, k, v, out, lse, head_dim ** -0.5, causal, window_left=left,
+                               config=config).run()
+    window = (left, 0 if causal else -1)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal, window_size=window)
+    assert not out.isnan().any()
+    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[dtype]
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() \
+        < LSE_TOLERANCES[dtype]
+
+
+def test_window_dispatches_and_replays_here(monkeypatch):
+    """attention(window_size=(w, 0), causal=True) runs this kernel (softcap too) and its
+    cached replay keeps the window; a window with a right bound and no causal mask does not."""
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._CALLS.clear()
+    launched = []
+    original = sm90.attention_sm90_launch
+    record = lambda *a, **kw: launched.append(kw.get("window_left")) or original(*a, **kw)
+    monkeypatch.setattr(sm90, "attention_sm90_launch", record)
+    for seed in range(3):
+        q, k, v = make_inputs((2, 1000, 1000, 8, 2), 128, torch.bfloat16)
+        q = q * (1 + seed)
+        out = tileattn.attention(q, k, v, causal=True, window_size=(200, 0), softcap=5.0)
+        ref, _ = attention_reference(q, k, v, causal=True, window_size=(200, 0), softcap=5.0)
+        assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
+    assert launched == [200, 200, 200]
+    tileattn.attention(q, k, v, window_size=(200, 30))
+    assert launched == [200, 200, 200]                  # the portable kernel ran
+
+
 def test_softcap_dispatches_replays_and_differentiates_here(monkeypatch):
     """attention(softcap=...) runs this kernel, its cached replay takes each call's cap, and
     the backward (the portable kernels, the same tanh) matches fp64 autograd."""

@@ -73,16 +73,17 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
                                            for d in (q_descale, k_descale, v_descale))
     out = torch.empty(out_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
-    # The Hopper kernel has softcap but no window, ALiBi or other score hooks (yet): those
-    # calls run the portable one.
-    hopper_masks = alibi_slopes is None and window == (-1, -1)
+    # The Hopper kernel has softcap and left windows (right: causal's or none) but no ALiBi or
+    # other score hooks (yet): those calls run the portable one.
+    hopper_masks = alibi_slopes is None and (causal or window[1] == -1)
     kernel = (dispatch.attention_kernel(arch, q, k, v, causal, settings) if hopper_masks
               else "portable")
     with on_device(device):
         if kernel == "sm90":
             from ..kernels.attention import sm90
-            launch = sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal, softcap=cap)
-            run_kernel = sm90.bind_attention(causal)
+            launch = sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal, softcap=cap,
+                                                window_left=window[0])
+            run_kernel = sm90.bind_attention(causal, window[0])
         else:
             launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                           scale, causal, arch, masks=masks)

@@ -105,7 +105,7 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
         tma.async_copy_global_to_shared(
             q_desc, [tile.batch, tile.head, tile.m_block * problem.BLOCK_M, 0], rings.q_ready,
             rings.q_smem)
-        for j in range(tile.num_blocks):
+        for j in range(tile.first_block, tile.num_blocks):
             stage = kv_count % problem.NUM_STAGES
             phase = (kv_count // problem.NUM_STAGES) & 1
             mbarrier.wait(rings.k_empty.index(stage), phase ^ 1)
@@ -127,10 +127,12 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
 @gluon.jit
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
                           gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2, softcap_in,
+                          window_left,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                          RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr):
+                          RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
+                          HAS_LEFT: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -148,11 +150,12 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         tile_starts_ptr  int32 [programs + 1]: program p runs
                          tile_ids[tile_starts[p]:tile_starts[p + 1]]
     gqa_group_size = num_q_heads // num_kv_heads; softmax_scale_log2 = softmax scale * log2(e),
-    or with SOFTCAP cap * log2(e) and softcap_in = 2 * log2(e) * softmax scale / cap (Problem).
+    or with SOFTCAP cap * log2(e) and softcap_in = 2 * log2(e) * softmax scale / cap; with
+    HAS_LEFT a left window of window_left keys (Problem).
     """
     problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                      seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, BLOCK_M, BLOCK_N,
-                      NUM_STAGES, CAUSAL, SOFTCAP)
+                      seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, BLOCK_M,
+                      BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
@@ -203,10 +206,13 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
 
 
 def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
-                          softcap: float = 0.0, config: Sm90Config | None = None,
+                          softcap: float = 0.0, window_left: int = -1,
+                          config: Sm90Config | None = None,
                           num_programs: int | None = None) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
-    softcap > 0 caps the scores at softcap·tanh(s / softcap) (attention()'s softcap)."""
+    softcap > 0 caps the scores at softcap·tanh(s / softcap) and window_left >= 0 hides keys
+    before p - window_left from the query at key position p (attention()'s softcap and
+    window_size[0]; the right bound is causal's or none)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     config = config or config_for(head_dim, head_dim_v)
@@ -233,6 +239,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
         softcap_in=2 * LOG2_E * softmax_scale / softcap if softcap > 0 else 0.0,
+        window_left=max(window_left, 0),
         q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
         out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
         lse_ptr=lse,
@@ -240,11 +247,12 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, OUT_DIM=head_dim_v, NUM_STAGES=config.num_stages,
         CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
+        HAS_LEFT=window_left >= 0,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
-def bind_attention(causal: bool):
+def bind_attention(causal: bool, window_left: int = -1):
     """attention_sm90_launch as a function of its tensors and softmax scale, for the call
     cache (ops/call_cache.py): later calls skip the checks and Triton's binder
     (KernelLaunch.run's fast path keys the tensor descriptors by dtype, block shape and layout,
@@ -255,5 +263,6 @@ def bind_attention(causal: bool):
         # The call cache's uniform replay interface: descales are None here (16-bit only);
         # mod_args are kernels/mods.builtin's, whose first entry is the softcap (0: none).
         softcap = mod_args[0] if mod_args else 0.0
-        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal, softcap=softcap).run()
+        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal, softcap=softcap,
+                              window_left=window_left).run()
     return run

@@ -29,7 +29,9 @@ class Problem:
     """What every partition knows: this program's work list, the problem's sizes, the softmax
     scale (base 2) and the tile shape (BLOCK_M queries, BLOCK_N keys, NUM_STAGES K/V buffers).
     With SOFTCAP, scores become cap·tanh(scale·q·k / cap): softcap_in = 2·log2(e)·scale / cap
-    (tanh's exp2 argument per raw score) and softmax_scale_log2 = cap·log2(e)."""
+    (tanh's exp2 argument per raw score) and softmax_scale_log2 = cap·log2(e). With HAS_LEFT,
+    query i (at key position p = i + seqlen_k - seqlen_q) sees no key before p - window_left
+    (masks.py's rule): tiles visit only the key blocks of their window."""
     tile_ids_ptr: Scalar
     tile_starts_ptr: Scalar
     num_m_blocks: Scalar
@@ -39,16 +41,18 @@ class Problem:
     seqlen_k: Scalar
     softmax_scale_log2: Scalar
     softcap_in: Scalar
+    window_left: Scalar
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     NUM_STAGES: gl.constexpr
     CAUSAL: gl.constexpr
     SOFTCAP: gl.constexpr
+    HAS_LEFT: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                 seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, BLOCK_M, BLOCK_N,
-                 NUM_STAGES, CAUSAL, SOFTCAP):
+                 seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, BLOCK_M,
+                 BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -58,11 +62,13 @@ class Problem:
         self.seqlen_k = scalar(seqlen_k)
         self.softmax_scale_log2 = scalar(softmax_scale_log2)
         self.softcap_in = scalar(softcap_in)
+        self.window_left = scalar(window_left)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.NUM_STAGES = gl.constexpr(NUM_STAGES)
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.SOFTCAP = gl.constexpr(SOFTCAP)
+        self.HAS_LEFT = gl.constexpr(HAS_LEFT)
 
     @gluon.jit
     def tile_range(self):
@@ -91,26 +97,44 @@ class Problem:
             key_end = self.seqlen_k
             num_full = self.seqlen_k // self.BLOCK_N
         num_blocks = gl.cdiv(key_end, self.BLOCK_N)
-        return WorkTile(m_block, batch, head, kv_head, num_blocks, num_full)
+        first_block = 0
+        first_full = 0
+        if self.HAS_LEFT:
+            # The first row's window starts the first block; from the last real row's window
+            # start on, no row of the tile needs the left bound.
+            last_row = gl.minimum((m_block + 1) * self.BLOCK_M, self.seqlen_q) - 1
+            first_block = gl.maximum(m_block * self.BLOCK_M + causal_shift - self.window_left,
+                                     0) // self.BLOCK_N
+            first_full = gl.cdiv(gl.maximum(last_row + causal_shift - self.window_left, 0),
+                                 self.BLOCK_N)
+        return WorkTile(m_block, batch, head, kv_head, first_block, first_full, num_blocks,
+                        num_full)
 
 
 @aggregate
 class WorkTile:
-    """One work item: BLOCK_M queries (m_block) of one (batch, head); its key blocks, of which
-    the first num_full need no mask."""
+    """One work item: BLOCK_M queries (m_block) of one (batch, head); its key blocks
+    [first_block, num_blocks), of which those in [first_full, num_full) need no mask (those
+    below first_full cross the left window bound, those from num_full on the causal diagonal
+    or the sequence end)."""
     m_block: Scalar
     batch: Scalar
     head: Scalar
     kv_head: Scalar
+    first_block: Scalar
+    first_full: Scalar
     num_blocks: Scalar
     num_full: Scalar
 
     @gluon.constexpr_function
-    def __init__(self, m_block, batch, head, kv_head, num_blocks, num_full):
+    def __init__(self, m_block, batch, head, kv_head, first_block, first_full, num_blocks,
+                 num_full):
         self.m_block = scalar(m_block)
         self.batch = scalar(batch)
         self.head = scalar(head)
         self.kv_head = scalar(kv_head)
+        self.first_block = scalar(first_block)
+        self.first_full = scalar(first_full)
         self.num_blocks = scalar(num_blocks)
         self.num_full = scalar(num_full)
 
@@ -282,6 +306,9 @@ class Consumer:
             if self.problem.CAUSAL:
                 visible = visible & (gl.expand_dims(cols, 0)
                                      <= gl.expand_dims(rows, 1) + self.causal_shift)
+            if self.problem.HAS_LEFT:
+                visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(rows, 1)
+                                     + self.causal_shift - self.problem.window_left)
             s = gl.where(visible, s, float("-inf"))
         return online_softmax(s, m_i, l_i, self.problem.softmax_scale_log2, MASKED)
 
@@ -351,8 +378,8 @@ def _key_blocks(loop, rows, block_start, block_end, wg, MASKED: gl.constexpr):
 
 @gluon.jit
 def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg):
-    """The key blocks of one tile (tile.num_blocks >= 1), the loop carrying P; releases Q after
-    its last S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
+    """The key blocks of one tile (at least one), the loop carrying P; releases Q after its
+    last S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
     problem = wg.problem
     rings = wg.rings
     # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
@@ -367,11 +394,19 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg):
     wg.pass_turn()
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(rings.k_empty.index(stage), count=1)
-    p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, 0, True)
+    first = tile.first_block
+    p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, first * problem.BLOCK_N, True)
     loop = KeyLoop(acc, wg.p_operand(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
 
-    loop = _key_blocks(loop, rows, 1, tile.num_full, wg, False)
-    loop = _key_blocks(loop, rows, gl.maximum(tile.num_full, 1), tile.num_blocks, wg, True)
+    # Blocks crossing the left window bound, those every row sees in full, then those crossing
+    # the diagonal or the sequence end (without a window: the last two, from block 1).
+    if problem.HAS_LEFT:
+        loop = _key_blocks(loop, rows, first + 1, gl.minimum(tile.first_full, tile.num_blocks),
+                           wg, True)
+    unmasked_from = gl.maximum(tile.first_full, first + 1)
+    loop = _key_blocks(loop, rows, unmasked_from, tile.num_full, wg, False)
+    loop = _key_blocks(loop, rows, gl.maximum(tile.num_full, unmasked_from), tile.num_blocks,
+                       wg, True)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(rings.q_empty, count=1)
@@ -456,7 +491,7 @@ def consumer_partition(problem, output, rings, HALF: gl.constexpr, PINGPONG: gl.
         l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
         acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
         mbarrier.wait(rings.q_ready, tile_count & 1)
-        if tile.num_blocks > 0:
+        if tile.first_block < tile.num_blocks:
             acc, m_i, l_i, kv_count, turn_count = _attend_tile(acc, m_i, l_i, kv_count,
                                                                turn_count, rows, tile, wg)
         else:
