@@ -36,9 +36,10 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
 PADDED_DIMS = [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)]
 
 
-def run_sm90(q, k, v, causal, split=None):
+def run_sm90(q, k, v, causal, split=None, **masks):
     """out, lse of the sm90 kernel, both poisoned with NaN first so that unwritten elements
-    fail the comparison. split: force the ping-pong (True) or lockstep (False) consumers."""
+    fail the comparison. split: force the ping-pong (True) or lockstep (False) consumers;
+    masks: attention_sm90_launch's softcap / window_left."""
     assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device=q.device,
@@ -47,8 +48,8 @@ def run_sm90(q, k, v, causal, split=None):
     config = sm90.config_for(q.shape[3], v.shape[3])
     if split is not None:
         config = dataclasses.replace(config, split=split)
-    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal,
-                               config=config).run()
+    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
+                               **masks).run()
     return out, lse
 
 
@@ -62,8 +63,9 @@ def make_inputs(shape, head_dim, dtype, head_dim_v=None):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def assert_close(out, lse, q, k, v, causal):
-    ref, ref_lse = attention_reference(q, k, v, causal=causal)
+def assert_close(out, lse, q, k, v, causal, **masks):
+    """out and lse against the fp64 reference (masks: its softcap / window_size)."""
+    ref, ref_lse = attention_reference(q, k, v, causal=causal, **masks)
     assert not out.isnan().any()
     if ref.norm() == 0:
         assert out.abs().max() == 0
@@ -163,21 +165,11 @@ def test_softcap(dtype, head_dim, causal, split):
     masking, against the fp64 reference, with a cap small enough to bend most scores."""
     q, k, v = make_inputs(SHAPE, head_dim, dtype)
     q = q * 4                                           # scores of several units: tanh bends them
-    batch, seqlen_q, num_q_heads, _ = q.shape
-    out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
-                     dtype=dtype)
-    lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
-    config = sm90.config_for(head_dim, head_dim)
-    if split is not None:
-        config = dataclasses.replace(config, split=split)
-    sm90.attention_sm90_launch(q, k, v, out, lse, head_dim ** -0.5, causal, softcap=2.0,
-                               config=config).run()
-    ref, ref_lse = attention_reference(q, k, v, causal=causal, softcap=2.0)
+    out, lse = run_sm90(q, k, v, causal, split, softcap=2.0)
     plain, _ = attention_reference(q, k, v, causal=causal)
+    ref, _ = attention_reference(q, k, v, causal=causal, softcap=2.0)
     assert float((plain - ref).norm() / ref.norm()) > 10 * TOLERANCES[dtype]   # the cap matters
-    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[dtype]
-    assert ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max() \
-        < LSE_TOLERANCES[dtype]
+    assert_close(out, lse, q, k, v, causal, softcap=2.0)
 
 
 @pytest.mark.parametrize("dtype, head_dim, causal, left, shape, split", [
@@ -192,23 +184,8 @@ def test_left_window(dtype, head_dim, causal, left, shape, split):
     (a left-masked loop, the full blocks, the right-masked loop); windows of 0, of less than
     a block, wider than the keys, more queries than keys (rows that see nothing), padded D."""
     q, k, v = make_inputs(shape, head_dim, dtype)
-    batch, seqlen_q, num_q_heads, _ = q.shape
-    out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
-                     dtype=dtype)
-    lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
-    config = sm90.config_for(head_dim, head_dim)
-    if split is not None:
-        config = dataclasses.replace(config, split=split)
-    sm90.attention_sm90_launch(q, k, v, out, lse, head_dim ** -0.5, causal, window_left=left,
-                               config=config).run()
-    window = (left, 0 if causal else -1)
-    ref, ref_lse = attention_reference(q, k, v, causal=causal, window_size=window)
-    assert not out.isnan().any()
-    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[dtype]
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() \
-        < LSE_TOLERANCES[dtype]
+    out, lse = run_sm90(q, k, v, causal, split, window_left=left)
+    assert_close(out, lse, q, k, v, causal, window_size=(left, 0 if causal else -1))
 
 
 def test_window_dispatches_and_replays_here(monkeypatch):
