@@ -219,10 +219,10 @@ def test_scales_shapes_and_dtypes(per):
     assert q8.dtype == k8.dtype == v8.dtype == E4M3 and scales.lse_offset is None
 
 
-@pytest.mark.parametrize("per", ["tensor", "head", "block"])
-def test_attention_takes_the_scales_as_they_are(per):
-    q, k, v = normal_inputs(seqlen=37)
-    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per=per)
+def check_attention_takes_the_scales(q, k, v, **setting):
+    """attention(q8, k8, v8, causal=True, **scales) against fp64 attention of the dequantized
+    inputs (out and lse); returns (lse, scales) for further checks."""
+    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, **setting)
     out, lse = tileattn.attention(q8, k8, v8, causal=True, return_lse=True, **scales)
     dequantized = [fp8.dequantize(x, d, torch.float64)
                    for x, d in zip((q8, k8, v8), scales.values())]
@@ -230,6 +230,12 @@ def test_attention_takes_the_scales_as_they_are(per):
     assert (out.double() - ref).norm() / ref.norm() < TOLERANCES[E4M3]
     lse_error = (lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)
     assert lse_error.max() < LSE_TOLERANCES[E4M3]
+    return lse, scales
+
+
+@pytest.mark.parametrize("per", ["tensor", "head", "block"])
+def test_attention_takes_the_scales_as_they_are(per):
+    check_attention_takes_the_scales(*normal_inputs(seqlen=37), per=per)
 
 
 @pytest.mark.parametrize("causal", [False, True])

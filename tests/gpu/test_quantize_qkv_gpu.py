@@ -11,7 +11,8 @@ from tileattn.arch import arch_of, v_needs_k_major
 from tileattn.bench import fp8_scales
 from tileattn.reference import attention_reference
 
-from ..conftest import LSE_TOLERANCES, TOLERANCES
+from ..conftest import TOLERANCES
+from ..test_quantize_qkv import check_attention_takes_the_scales
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or not arch_of(torch.device("cuda")).has_fp8_mma,
@@ -95,15 +96,8 @@ def test_v_comes_back_in_the_layout_attention_wants():
 @pytest.mark.parametrize("smooth_rotate", [False, True])
 def test_attention_takes_the_scales(per, smooth_rotate):
     q, k, v = inputs(128, grid=False, shape=(2, 2000, 8, 2))
-    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per=per,
-                                                   smooth_k=smooth_rotate, rotate=smooth_rotate)
-    out, lse = tileattn.attention(q8, k8, v8, causal=True, return_lse=True, **scales)
-    dequantized = [fp8.dequantize(x, d, torch.float64)
-                   for x, d in zip((q8, k8, v8), scales.values())]
-    ref, ref_lse = attention_reference(*dequantized, causal=True)
-    assert (out.double() - ref).norm() / ref.norm() < TOLERANCES[E4M3]
-    lse_error = (lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)
-    assert lse_error.max() < LSE_TOLERANCES[E4M3]
+    lse, scales = check_attention_takes_the_scales(q, k, v, per=per, smooth_k=smooth_rotate,
+                                                   rotate=smooth_rotate)
     exact_lse = attention_reference(q, k, v, causal=True)[1]
     assert (scales.true_lse(lse).double() - exact_lse).abs().max() < 0.2
 
