@@ -96,11 +96,11 @@ def literal(value, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         value = float(value)
         text = f"float('{value}')" if not math.isfinite(value) else repr(value)
-        return text if dtype == torch.float32 else f"tl.full([], {text}, {TL_DTYPES[dtype]})"
+        return text if dtype == torch.float32 else f"tl.cast({text}, {TL_DTYPES[dtype]})"
     value = int(value)
     if dtype == torch.int32 and -2**31 <= value < 2**31:
         return repr(value)
-    return f"tl.full([], {value}, {TL_DTYPES[dtype]})"
+    return f"tl.cast({value}, {TL_DTYPES[dtype]})"
 
 
 def _opmath(dtype: torch.dtype) -> torch.dtype:
@@ -188,12 +188,12 @@ class EmitterBase:
         raise self._unsupported(f"an argument of type {type(argument).__name__}")
 
     def _cast(self, value: Value, dtype: torch.dtype, typed: bool = False) -> str:
-        """value as `dtype`. typed=True makes constants 0-d tensors (tl.full) rather than
+        """value as `dtype`. typed=True makes constants 0-d tensors (tl.cast) rather than
         Python literals, for helpers that read their operands' dtype."""
         if value.is_constant:
             text = literal(value.constant, dtype)
-            if typed and not text.startswith("tl.full"):
-                return f"tl.full([], {text}, {TL_DTYPES[dtype]})"
+            if typed and not text.startswith("tl.cast"):
+                return f"tl.cast({text}, {TL_DTYPES[dtype]})"
             return text
         if value.dtype == dtype:
             return value.code
@@ -282,18 +282,16 @@ class EmitterBase:
         return _opmath(torch.result_type(example(a), example(b)))
 
     def _return(self, result) -> None:
-        if self.role == "mask_mod":
-            shape = "tl.broadcast(q_idx, kv_idx)[0].shape"
-            dtype = torch.bool
-        else:
-            shape = "score.shape"
-            dtype = torch.float32
+        # The result takes the tile's shape through a select on the index tensors rather than
+        # tl.full / tl.broadcast_to, which need a layout in Gluon kernels (the Hopper kernel
+        # calls these hooks too); the always-true condition folds away.
+        dtype = torch.bool if self.role == "mask_mod" else torch.float32
         value = self._operand(result)
-        if value.is_constant:
-            self.lines.append(f"return tl.full({shape}, {literal(value.constant, dtype)}, "
-                              f"{TL_DTYPES[dtype]})")
-        else:
-            self.lines.append(f"return tl.broadcast_to({self._cast(value, dtype)}, {shape})")
+        text = (literal(value.constant, dtype) if value.is_constant
+                else self._cast(value, dtype))
+        if value.is_constant and not text.startswith("tl.cast"):
+            text = f"tl.cast({text}, {TL_DTYPES[dtype]})"
+        self.lines.append(f"return tl.where((q_idx == q_idx) & (kv_idx == kv_idx), {text}, {text})")
 
     def _unsupported(self, what: str) -> UnsupportedModError:
         return UnsupportedModError(

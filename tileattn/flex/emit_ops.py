@@ -121,7 +121,7 @@ class HookEmitter(EmitterBase):
         out = self._out_dtype(node)
         if not out.is_floating_point:    # floor/ceil/trunc of an integer: itself
             return self._op_identity(node, a)
-        one = f"tl.full([], 1.0, {TL_DTYPES[_opmath(out)]})"
+        one = f"tl.cast(1.0, {TL_DTYPES[_opmath(out)]})"
         return self._elementwise(node, _UNARY[name].replace("{one}", one), a)
 
     def _op_relu(self, node, a):
@@ -138,7 +138,7 @@ class HookEmitter(EmitterBase):
                 return self._op_identity(node, base)
             products = {2: "{0} * {0}", 3: "{0} * {0} * {0}"}
             if compute.is_floating_point:
-                one = f"tl.full([], 1.0, {TL_DTYPES[compute]})"
+                one = f"tl.cast(1.0, {TL_DTYPES[compute]})"
                 products.update({0.5: "hook_ops.sqrt({0})",
                                  -0.5: f"hook_ops.exact_div({one}, hook_ops.sqrt({{0}}))",
                                  -1: f"hook_ops.exact_div({one}, {{0}})",
