@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tileattn.scheduler import heads_per_group, prefill_work_lists, prefill_work_lists_python
+from tileattn.scheduler import (heads_per_group, prefill_work_lists, prefill_work_lists_python,
+                                weighted_work_lists_python)
 
 SHAPES = [(1, 1, 132), (8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4), (131, 1, 132),
           (64, 32, 132), (32, 128, 132)]
@@ -71,3 +72,20 @@ def test_tensors_are_int32_and_cached():
     b = prefill_work_lists(8, 4, True, 132, "cpu", 2)
     assert a is b and all(t.dtype == torch.int32 for t in a)
     assert (a[0].tolist(), a[1].tolist()) == prefill_work_lists_python(8, 4, True, 132, 2)
+
+
+@pytest.mark.parametrize("group_heads", [1, 3])
+def test_weighted_lists_cover_every_tile_and_balance(group_heads):
+    """Tiles of arbitrary cost (a block mask's): each once, costliest first within a head
+    group, and no program more than one tile's cost above the idlest."""
+    generator = torch.Generator().manual_seed(0)
+    num_m_blocks, num_batch_heads, num_programs = 9, 7, 5
+    costs = torch.randint(1, 40, (num_m_blocks * num_batch_heads,), generator=generator).tolist()
+    tile_ids, starts = weighted_work_lists_python(costs, num_m_blocks, num_batch_heads,
+                                                  num_programs, group_heads)
+    assert sorted(tile_ids) == list(range(len(costs)))
+    loads = [sum(costs[t] for t in tile_ids[a:b]) for a, b in zip(starts, starts[1:])]
+    assert max(loads) - min(loads) <= max(costs)
+    # Equal costs reproduce the causal order's tie-break (later query blocks first).
+    uniform, _ = weighted_work_lists_python([1] * 12, 4, 3, 1, 3)
+    assert uniform == prefill_work_lists_python(4, 3, True, 1, 3)[0]

@@ -79,8 +79,65 @@ softcap = {f"bf16-D{d}-{label(causal, split)}-softcap": compile_case("bf16", d, 
 window = {f"bf16-D{d}-{label(causal, split)}-window": compile_case("bf16", d, causal, split,
                                                                     window_left=1023)
           for d, causal, split in ((128, True, None), (128, True, False), (256, False, None))}
+
+def compile_flex(head_dim, score, masked, block_size=(128, 128)):
+    """flex_attention's launch on the Hopper kernel: a BlockMask's lists (masked) and/or an
+    ALiBi score_mod, as ops/flex.py builds it."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from tileattn.flex.block_mask import block_mask_tensors, largest_tile
+    from tileattn.flex.tile_plan import tile_plan
+    from tileattn.flex.translate import translate_mods
+    batch, heads, seqlen = 2, 4, 1000
+    slopes = torch.rand(heads)
+    causal = lambda b, h, q, kv: q >= kv
+    alibi = lambda s, b, h, q, kv: s - slopes[h] * (q - kv).abs()
+    hooks = translate_mods(alibi if score else None, causal if masked else None,
+                           device=torch.device("cpu"))
+    config, plan = sm90.config_for(head_dim, head_dim), None
+    if masked:
+        mask = create_block_mask(causal, batch, 1, seqlen, seqlen, device="cpu",
+                                 BLOCK_SIZE=block_size)
+        lists = block_mask_tensors(mask, batch=batch, num_q_heads=heads, seqlen_q=seqlen,
+                                   seqlen_k=seqlen, device=torch.device("cpu"))
+        config = dataclasses.replace(config, block_n=largest_tile(block_size[1], config.block_n))
+        plan = tile_plan(lists, batch=batch, num_q_heads=heads, seqlen_q=seqlen,
+                         seqlen_k=seqlen, block_m=128, num_programs=132,
+                         kv_bytes_per_key=4 * head_dim)
+    q = torch.empty(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
+    launch = sm90.attention_sm90_launch(q, q, q, torch.empty_like(q), torch.empty(batch, heads, seqlen),
+                                        0.1, False, config=config, block_plan=plan,
+                                        score_mod=hooks.score_mod, mask_mod=hooks.mask_mod,
+                                        mod_args=hooks.mod_args)
+    c = cross_compile_sm90(launch, 90)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(c.asm["cubin"]); f.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    ptx = c.asm["ptx"]
+    return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+            "hgmma": sass.count("HGMMA"), "tma": ptx.count("cp.async.bulk.tensor"),
+            "key_loops": len(key_loops(sass)),
+            "local_in_key_loops": sum(len(re.findall(r"\b(?:LDL|STL)\b", body))
+                                      for body in key_loops(sass))}
+
+def key_loops(sass):
+    """The SASS of the innermost loops (backward branches) that hold an HGMMA."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in
+             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for address, text in lines:
+        target = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            loops.append((int(target.group(1), 16), address))
+    inner = [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops)]
+    bodies = ["\n".join(t for x, t in lines if a <= x <= b) for a, b in inner]
+    return [body for body in bodies if "HGMMA" in body]
+
+flex = {"D128-mask": compile_flex(128, False, True), "D128-alibi": compile_flex(128, True, False),
+        "D128-alibi-mask": compile_flex(128, True, True),
+        "D256-mask-256x128": compile_flex(256, False, True, (256, 128)),
+        "D128-mask-128x64": compile_flex(128, False, True, (128, 64))}
 print(json.dumps({"rows": rows, "dims": dims, "ones": ones, "softcap": softcap,
-                  "window": window}))
+                  "window": window, "flex": flex}))
 '''
 
 
@@ -150,3 +207,20 @@ def test_sizes_of_one_compile(compiled):
     is left to the other rows, whose key loops are the same code.)"""
     for name, row in compiled["ones"].items():
         _fits_and_runs_on_wgmma_tma(name, row, key_loops=False)
+
+
+def test_flex_block_lists_and_hooks_compile_and_fit(compiled):
+    """flex_attention on the Hopper kernel: block lists (partial steps with the mask hook, full
+    ones without), a score hook, both, a 256-query mask block at D=256 and 64-key mask blocks
+    at D=128. Each fits and runs on wgmma and TMA.
+    Spills inside key loops: none with the mask hook alone; the ALiBi score hook with block
+    lists reloads a few per-tile scalars from the stack in two loops (L1 hits, bounded)."""
+    flex = compiled["flex"]
+    assert len(flex) == 5
+    for name, row in flex.items():
+        assert row["shared"] <= 227 * 1024, (name, row)
+        assert row["wgmma"] > 0 and row["hgmma"] > 0 and row["tma"] > 0, (name, row)
+        # Two key loops per consumer without block lists, three with them.
+        assert row["key_loops"] == (6 if "mask" in name else 4), (name, row)
+        allowed = 8 if name == "D128-alibi-mask" else 0
+        assert row["local_in_key_loops"] <= allowed, (name, row)

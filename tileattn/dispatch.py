@@ -92,6 +92,22 @@ def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return "sm90" if sm90.supports(q, k, v, causal) else "portable"
 
 
+def flex_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                block_sizes: tuple[int, int] | None, mask_mod, settings: Settings) -> str:
+    """The kernel of a flex_attention call (ops/flex.py; q, k, v [B, S, H, D] views):
+    attention_kernel's rule for non-causal calls, where the Hopper kernel's tiles fit the
+    BlockMask: 128-query tiles inside its query blocks, key blocks a multiple of 64 keys
+    (block_sizes (query, key) None: no block lists, which it takes only without a mask hook),
+    and one K/V per batch entry (no stride-0 batch broadcast for TMA)."""
+    if block_sizes is None and mask_mod is not None:
+        return "portable"
+    if block_sizes is not None and (block_sizes[0] % 128 or block_sizes[1] % 64):
+        return "portable"
+    if k.stride(0) == 0 or v.stride(0) == 0:
+        return "portable"
+    return attention_kernel(arch, q, k, v, False, settings)
+
+
 def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)

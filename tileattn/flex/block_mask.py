@@ -56,6 +56,8 @@ class BlockMaskTensors:
     q_indices: torch.Tensor | None = None
     full_q_num_blocks: torch.Tensor | None = None
     full_q_indices: torch.Tensor | None = None
+    # The BlockMask these lists view: what plans built from them are cached by.
+    source: object = None
 
 
 def largest_tile(block_size: int, preferred: int) -> int:
@@ -125,7 +127,7 @@ def block_mask_tensors(block_mask, *, batch: int, num_q_heads: int, seqlen_q: in
     views = [prepared(t) for t in (block_mask.kv_num_blocks, block_mask.kv_indices, full_num,
                                    full_idx)]
     views += [None if t is None else prepared(t) for t in transposes]
-    return BlockMaskTensors(q_block_size, kv_block_size, *views)
+    return BlockMaskTensors(q_block_size, kv_block_size, *views, source=block_mask)
 
 
 def _check_shape(block_mask, batch, num_q_heads, seqlen_q, seqlen_k, device) -> None:

@@ -105,17 +105,25 @@ def cross_compile_sm90(launch: KernelLaunch, capability: int = 90):
     target = GPUTarget("cuda", capability, 32)
     backend = CUDABackend(target)
     signature, constexprs, attrs = {}, {}, {}
-    for index, name in enumerate(launch.kernel.arg_names):
-        value = launch.constexprs[name] if name in launch.constexprs else launch.args[name]
-        if name in launch.constexprs or value is None:
-            signature[name] = "constexpr"
-            constexprs[(index,)] = value
-            continue
+
+    def argument_type(value, path):
+        if value is None or isinstance(value, JITFunction):
+            constexprs[path] = value
+            return "constexpr"
+        if isinstance(value, tuple):   # e.g. the hooks' mod_args, element by element
+            return tuple(argument_type(item, path + (i,)) for i, item in enumerate(value))
         kind, attr = native_specialize_impl(CUDABackend, value, False, True, True)
-        signature[name] = kind
         if kind == "constexpr":
-            constexprs[(index,)] = value
+            constexprs[path] = value
         if isinstance(attr, str):
-            attrs[(index,)] = backend.parse_attr(attr)
+            attrs[path] = backend.parse_attr(attr)
+        return kind
+
+    for index, name in enumerate(launch.kernel.arg_names):
+        if name in launch.constexprs:
+            signature[name] = "constexpr"
+            constexprs[(index,)] = launch.constexprs[name]
+            continue
+        signature[name] = argument_type(launch.args[name], (index,))
     source = GluonASTSource(launch.kernel, signature, constexprs, attrs)
     return triton.compile(source, target=target, options={"num_warps": launch.num_warps})

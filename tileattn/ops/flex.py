@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .. import checks, fp8
+from .. import checks, dispatch, fp8
 from ..arch import FP8_DTYPES, arch_of, v_needs_k_major
 from ..flex import checks as flex_checks
 from ..flex.block_mask import block_mask_tensors, largest_tile
@@ -80,6 +80,12 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
             lse.fill_(float("-inf"))
         return
     arch = arch_of(q.device)
+    block_sizes = (None if block_mask_tensors is None else
+                   (block_mask_tensors.q_block_size, block_mask_tensors.kv_block_size))
+    if dispatch.flex_kernel(arch, q, k, v, block_sizes, mask_mod, dispatch.current()) == "sm90":
+        _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
+                      block_mask_tensors)
+        return
     if v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v):
         v = fp8.k_major_copy(v.contiguous() if v.stride(0) == 0 else v)
     config = fwd.config_for(arch, q.shape[3], v.shape[3], q.dtype in FP8_DTYPES)
@@ -91,3 +97,24 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
                       block_mask=block_mask_tensors)
     fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale,
                          False, arch, config, masks=masks).run()
+
+
+def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
+                  block_mask_tensors) -> None:
+    """attention_with_mods on the Hopper kernel (dispatch.flex_kernel chose it)."""
+    from ..arch import num_sms
+    from ..flex.tile_plan import tile_plan
+    from ..kernels.attention import sm90
+    config = sm90.config_for(q.shape[3], v.shape[3])
+    plan = None
+    if block_mask_tensors is not None:
+        config = dataclasses.replace(
+            config, block_n=largest_tile(block_mask_tensors.kv_block_size, config.block_n))
+        batch, seqlen_q, num_q_heads, _ = q.shape
+        plan = tile_plan(block_mask_tensors, batch=batch, num_q_heads=num_q_heads,
+                         seqlen_q=seqlen_q, seqlen_k=k.shape[1], block_m=config.block_m,
+                         num_programs=num_sms(q.device),
+                         kv_bytes_per_key=(q.shape[3] + v.shape[3]) * q.element_size())
+    sm90.attention_sm90_launch(q, k, v, out, lse, softmax_scale, False, config=config,
+                               block_plan=plan, score_mod=score_mod, mask_mod=mask_mod,
+                               mod_args=tuple(mod_args)).run()

@@ -57,12 +57,32 @@ def prefill_work_lists_python(num_m_blocks: int, num_batch_heads: int, causal: b
     tile is j * num_programs + p.
     """
     order = prefill_tile_order_list(num_m_blocks, num_batch_heads, causal, group_heads)
+    return _least_loaded_first(order, lambda tile: tile % num_m_blocks + 1 if causal else 1,
+                               num_programs)
+
+
+def weighted_work_lists_python(costs: list[int], num_m_blocks: int, num_batch_heads: int,
+                               num_programs: int, group_heads: int
+                               ) -> tuple[list[int], list[int]]:
+    """prefill_work_lists_python for tiles of any cost (costs[tile id], e.g. the key blocks a
+    block mask lists for the tile): within groups of group_heads (batch, head) pairs the
+    costliest tiles first (ties: later query blocks first, heads interleaved, the causal
+    order), each to the program with the least work so far."""
+    order = prefill_tile_order_list(num_m_blocks, num_batch_heads, True, group_heads)
+    tiles_per_group = group_heads * num_m_blocks
+    order = sorted(order, key=lambda tile: (tile // tiles_per_group, -costs[tile]))
+    return _least_loaded_first(order, costs.__getitem__, num_programs)
+
+
+def _least_loaded_first(order: list[int], cost, num_programs: int
+                        ) -> tuple[list[int], list[int]]:
+    """(tile_ids, starts): the tiles in `order`, each to the program with the least work."""
     work = [(0, p) for p in range(num_programs)]   # a heap of (work so far, program)
     lists: list[list[int]] = [[] for _ in range(num_programs)]
     for tile in order:
         done, program = heapq.heappop(work)
         lists[program].append(tile)
-        heapq.heappush(work, (done + (tile % num_m_blocks + 1 if causal else 1), program))
+        heapq.heappush(work, (done + cost(tile), program))
     starts = [0]
     for tiles in lists:
         starts.append(starts[-1] + len(tiles))

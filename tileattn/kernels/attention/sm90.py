@@ -43,7 +43,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ...arch import num_sms
 from ...scheduler import heads_per_group, prefill_work_lists
 from .configs import padded_head_dim
-from .sm90_consumers import Output, Problem, Rings, consumer_partition
+from .sm90_consumers import Output, Rings, consumer_partition
+from .sm90_tiles import Problem
 from ..runtime import KernelLaunch
 from ..gluon_common import GL_DTYPES, tma_ready
 
@@ -108,15 +109,16 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
         for j in range(tile.first_block, tile.num_blocks):
             stage = kv_count % problem.NUM_STAGES
             phase = (kv_count // problem.NUM_STAGES) & 1
+            key_start = problem.key_start(tile, j)
             mbarrier.wait(rings.k_empty.index(stage), phase ^ 1)
             mbarrier.expect(rings.k_ready.index(stage), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(
-                k_desc, [tile.batch, tile.kv_head, j * problem.BLOCK_N, 0],
+                k_desc, [tile.batch, tile.kv_head, key_start, 0],
                 rings.k_ready.index(stage), rings.k_smem.index(stage))
             mbarrier.wait(rings.v_empty.index(stage), phase ^ 1)
             mbarrier.expect(rings.v_ready.index(stage), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(
-                v_desc, [tile.batch, tile.kv_head, j * problem.BLOCK_N, 0],
+                v_desc, [tile.batch, tile.kv_head, key_start, 0],
                 rings.v_ready.index(stage), rings.v_smem.index(stage))
             kv_count += 1
         tile_count += 1
@@ -127,12 +129,13 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
 @gluon.jit
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
                           gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2, softcap_in,
-                          window_left,
+                          window_left, tile_lists_ptr, kv_index_ptr, full_index_ptr, mod_args,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                           RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
-                          HAS_LEFT: gl.constexpr):
+                          HAS_LEFT: gl.constexpr, KV_BLOCK: gl.constexpr,
+                          SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -151,11 +154,16 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                          tile_ids[tile_starts[p]:tile_starts[p + 1]]
     gqa_group_size = num_q_heads // num_kv_heads; softmax_scale_log2 = softmax scale * log2(e),
     or with SOFTCAP cap * log2(e) and softcap_in = 2 * log2(e) * softmax scale / cap; with
-    HAS_LEFT a left window of window_left keys (Problem).
+    HAS_LEFT a left window of window_left keys (Problem). Block lists (KV_BLOCK > 0, a
+    BlockMask's; tileattn/flex/tile_plan.py):
+        tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
+        kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
+    SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ().
     """
     problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                      seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, BLOCK_M,
-                      BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT)
+                      seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
+                      tile_lists_ptr, kv_index_ptr, full_index_ptr, BLOCK_M, BLOCK_N, NUM_STAGES,
+                      CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD, MASK_MOD)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
@@ -167,11 +175,11 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     # function is not a value.
     loader_args = (problem, q_desc, k_desc, v_desc, rings)
     if SPLIT:
-        gl.warp_specialize([(consumer_partition, (problem, output, rings, 0, True)),
-                            (consumer_partition, (problem, output, rings, 1, True)),
+        gl.warp_specialize([(consumer_partition, (problem, output, rings, mod_args, 0, True)),
+                            (consumer_partition, (problem, output, rings, mod_args, 1, True)),
                             (_loader_partition, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
-        gl.warp_specialize([(consumer_partition, (problem, output, rings, 0, False)),
+        gl.warp_specialize([(consumer_partition, (problem, output, rings, mod_args, 0, False)),
                             (_loader_partition, loader_args)], [1], [LOADER_REGS])
 
 
@@ -207,15 +215,21 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
 
 def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
                           softcap: float = 0.0, window_left: int = -1,
-                          config: Sm90Config | None = None,
-                          num_programs: int | None = None) -> KernelLaunch:
+                          config: Sm90Config | None = None, num_programs: int | None = None,
+                          block_plan=None, score_mod=None, mask_mod=None,
+                          mod_args: tuple = ()) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
     softcap > 0 caps the scores at softcap·tanh(s / softcap) and window_left >= 0 hides keys
     before p - window_left from the query at key position p (attention()'s softcap and
-    window_size[0]; the right bound is causal's or none)."""
+    window_size[0]; the right bound is causal's or none). block_plan (a flex.tile_plan.TilePlan
+    made for config's BLOCK_M, whose mask blocks BLOCK_N divides) replaces causal and windows
+    by a BlockMask's lists, and its work lists the scheduler's; score_mod / mask_mod (the
+    latter with a block_plan only) with mod_args are docs/design.md's hooks ("Mods")."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     config = config or config_for(head_dim, head_dim_v)
+    assert block_plan is not None or mask_mod is None, "a mask hook runs on block lists only"
+    assert block_plan is None or not (causal or window_left >= 0 or softcap > 0)
     block_m = config.block_m
     block_n = config.block_n
     # Tiles span the head dims padded to powers of two (96 -> 128, 192 -> 256).
@@ -228,11 +242,15 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
 
     num_m_blocks = -(-seqlen_q // block_m)
-    num_tiles = num_m_blocks * batch * num_q_heads
-    programs = min(num_programs or num_sms(q.device), num_tiles)
-    group_heads = heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size())
-    tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
-                                               programs, q.device, group_heads)
+    if block_plan is not None:
+        programs = block_plan.num_programs
+        tile_ids, tile_starts = block_plan.tile_ids, block_plan.tile_starts
+    else:
+        num_tiles = num_m_blocks * batch * num_q_heads
+        programs = min(num_programs or num_sms(q.device), num_tiles)
+        group_heads = heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size())
+        tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
+                                                   programs, q.device, group_heads)
     args = dict(
         tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts, num_m_blocks=num_m_blocks,
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
@@ -240,7 +258,10 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
         softcap_in=2 * LOG2_E * softmax_scale / softcap if softcap > 0 else 0.0,
         window_left=max(window_left, 0),
-        q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
+        tile_lists_ptr=block_plan.tile_lists if block_plan is not None else None,
+        kv_index_ptr=block_plan.kv_indices if block_plan is not None else None,
+        full_index_ptr=block_plan.full_kv_indices if block_plan is not None else None,
+        mod_args=tuple(mod_args), q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
         out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
         lse_ptr=lse,
     )
@@ -248,6 +269,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         BLOCK_M=block_m, BLOCK_N=block_n, OUT_DIM=head_dim_v, NUM_STAGES=config.num_stages,
         CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
         HAS_LEFT=window_left >= 0,
+        KV_BLOCK=block_plan.kv_block_size if block_plan is not None else 0,
+        SCORE_MOD=score_mod, MASK_MOD=mask_mod,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

@@ -2,9 +2,9 @@
 S = Q K^T and O += P V on wgmma over the K/V rings the loader fills, the online softmax between
 them, and the epilogue. Also the state that loader and consumers share.
 
-What is here, top to bottom: the kernel's state as Gluon aggregates (the problem and this
-program's work list, the shared-memory rings, one work tile, one consumer partition, the key
-loop's carried values); the turn barriers of the ping-pong consumers; the key loop; the consumer
+What is here, top to bottom: the kernel's state as Gluon aggregates (the shared-memory rings,
+one consumer partition, the key loop's carried values; the problem and its work tiles are in
+sm90_tiles.py); the turn barriers of the ping-pong consumers; the key loop; the consumer
 partition with its epilogue. Pointer layouts are in sm90.attention_sm90_kernel's docstring.
 
 No `from __future__ import annotations` here: Gluon checks aggregate fields against their
@@ -18,126 +18,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from ..gluon_common import Scalar, online_softmax, scalar
+from .sm90_tiles import Problem
 
 
 # ---------------------------------------------------------------------------------------------
 # State
 # ---------------------------------------------------------------------------------------------
-
-@aggregate
-class Problem:
-    """What every partition knows: this program's work list, the problem's sizes, the softmax
-    scale (base 2) and the tile shape (BLOCK_M queries, BLOCK_N keys, NUM_STAGES K/V buffers).
-    With SOFTCAP, scores become cap·tanh(scale·q·k / cap): softcap_in = 2·log2(e)·scale / cap
-    (tanh's exp2 argument per raw score) and softmax_scale_log2 = cap·log2(e). With HAS_LEFT,
-    query i (at key position p = i + seqlen_k - seqlen_q) sees no key before p - window_left
-    (masks.py's rule): tiles visit only the key blocks of their window."""
-    tile_ids_ptr: Scalar
-    tile_starts_ptr: Scalar
-    num_m_blocks: Scalar
-    num_q_heads: Scalar
-    gqa_group_size: Scalar
-    seqlen_q: Scalar
-    seqlen_k: Scalar
-    softmax_scale_log2: Scalar
-    softcap_in: Scalar
-    window_left: Scalar
-    BLOCK_M: gl.constexpr
-    BLOCK_N: gl.constexpr
-    NUM_STAGES: gl.constexpr
-    CAUSAL: gl.constexpr
-    SOFTCAP: gl.constexpr
-    HAS_LEFT: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
-                 seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, BLOCK_M,
-                 BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT):
-        self.tile_ids_ptr = scalar(tile_ids_ptr)
-        self.tile_starts_ptr = scalar(tile_starts_ptr)
-        self.num_m_blocks = scalar(num_m_blocks)
-        self.num_q_heads = scalar(num_q_heads)
-        self.gqa_group_size = scalar(gqa_group_size)
-        self.seqlen_q = scalar(seqlen_q)
-        self.seqlen_k = scalar(seqlen_k)
-        self.softmax_scale_log2 = scalar(softmax_scale_log2)
-        self.softcap_in = scalar(softcap_in)
-        self.window_left = scalar(window_left)
-        self.BLOCK_M = gl.constexpr(BLOCK_M)
-        self.BLOCK_N = gl.constexpr(BLOCK_N)
-        self.NUM_STAGES = gl.constexpr(NUM_STAGES)
-        self.CAUSAL = gl.constexpr(CAUSAL)
-        self.SOFTCAP = gl.constexpr(SOFTCAP)
-        self.HAS_LEFT = gl.constexpr(HAS_LEFT)
-
-    @gluon.jit
-    def tile_range(self):
-        """This program's tiles are tile_ids[start:end]."""
-        start = gl.load(self.tile_starts_ptr + gl.program_id(0))
-        end = gl.load(self.tile_starts_ptr + gl.program_id(0) + 1)
-        return start, end
-
-    @gluon.jit
-    def tile(self, t):
-        """Work item t of the list, decoded."""
-        tile = gl.load(self.tile_ids_ptr + t)
-        m_block = tile % self.num_m_blocks
-        batch_head = tile // self.num_m_blocks
-        batch = batch_head // self.num_q_heads
-        head = batch_head % self.num_q_heads
-        kv_head = head // self.gqa_group_size
-        # Query i sees keys j <= i + causal_shift (bottom-right aligned when seqlen_q != seqlen_k).
-        causal_shift = self.seqlen_k - self.seqlen_q
-        if self.CAUSAL:
-            key_end = gl.maximum(
-                gl.minimum(self.seqlen_k, (m_block + 1) * self.BLOCK_M + causal_shift), 0)
-            first_row_sees = gl.minimum(m_block * self.BLOCK_M + causal_shift + 1, self.seqlen_k)
-            num_full = gl.maximum(first_row_sees, 0) // self.BLOCK_N
-        else:
-            key_end = self.seqlen_k
-            num_full = self.seqlen_k // self.BLOCK_N
-        num_blocks = gl.cdiv(key_end, self.BLOCK_N)
-        first_block = 0
-        first_full = 0
-        if self.HAS_LEFT:
-            # The first row's window starts the first block; from the last real row's window
-            # start on, no row of the tile needs the left bound.
-            last_row = gl.minimum((m_block + 1) * self.BLOCK_M, self.seqlen_q) - 1
-            first_block = gl.maximum(m_block * self.BLOCK_M + causal_shift - self.window_left,
-                                     0) // self.BLOCK_N
-            first_full = gl.cdiv(gl.maximum(last_row + causal_shift - self.window_left, 0),
-                                 self.BLOCK_N)
-        return WorkTile(m_block, batch, head, kv_head, first_block, first_full, num_blocks,
-                        num_full)
-
-
-@aggregate
-class WorkTile:
-    """One work item: BLOCK_M queries (m_block) of one (batch, head); its key blocks
-    [first_block, num_blocks), of which those in [first_full, num_full) need no mask (those
-    below first_full cross the left window bound, those from num_full on the causal diagonal
-    or the sequence end)."""
-    m_block: Scalar
-    batch: Scalar
-    head: Scalar
-    kv_head: Scalar
-    first_block: Scalar
-    first_full: Scalar
-    num_blocks: Scalar
-    num_full: Scalar
-
-    @gluon.constexpr_function
-    def __init__(self, m_block, batch, head, kv_head, first_block, first_full, num_blocks,
-                 num_full):
-        self.m_block = scalar(m_block)
-        self.batch = scalar(batch)
-        self.head = scalar(head)
-        self.kv_head = scalar(kv_head)
-        self.first_block = scalar(first_block)
-        self.first_full = scalar(first_full)
-        self.num_blocks = scalar(num_blocks)
-        self.num_full = scalar(num_full)
-
 
 @aggregate
 class Rings:
@@ -292,25 +178,38 @@ class Consumer:
         return gl.convert_layout(p_f32.to(self.P_DTYPE), self.p_layout)
 
     @gluon.jit
-    def softmax_update(self, s, m_i, l_i, rows, key_start, MASKED: gl.constexpr):
+    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, mod_args,
+                       MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
         """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
-        (p, alpha, m_new, l_new)."""
-        if self.problem.SOFTCAP:
+        (p, alpha, m_new, l_new). MASKED applies the sequence end, causal and the window,
+        MASK_HOOK also MASK_MOD; SCORE_MOD applies to every block."""
+        problem = self.problem
+        BLOCK_N: gl.constexpr = problem.BLOCK_N
+        cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
+        q_idx = gl.expand_dims(rows, 1)
+        kv_idx = gl.expand_dims(cols, 0)
+        qk_scale = problem.softmax_scale_log2
+        if problem.SOFTCAP:
             # tanh(x) = 1 - 2 / (e^2x + 1), as the portable kernel's softcap hook (kernels/
             # mods.py) computes it, so that its backward recomputes the same P; before masking.
-            s = 1.0 - 2.0 / (gl.exp2(s * self.problem.softcap_in) + 1.0)
+            s = 1.0 - 2.0 / (gl.exp2(s * problem.softcap_in) + 1.0)
+        if problem.SCORE_MOD is not None:
+            # Hooks see natural-log scores; the softmax then works in base 2.
+            s = problem.SCORE_MOD(s * (qk_scale * 0.6931471805599453), tile.batch, tile.head,
+                                  q_idx, kv_idx, self.causal_shift, mod_args)
+            qk_scale = 1.4426950408889634
         if MASKED:
-            BLOCK_N: gl.constexpr = self.problem.BLOCK_N
-            cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
-            visible = gl.expand_dims(cols, 0) < self.problem.seqlen_k
-            if self.problem.CAUSAL:
-                visible = visible & (gl.expand_dims(cols, 0)
-                                     <= gl.expand_dims(rows, 1) + self.causal_shift)
-            if self.problem.HAS_LEFT:
-                visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(rows, 1)
-                                     + self.causal_shift - self.problem.window_left)
+            visible = kv_idx < problem.seqlen_k
+            if problem.CAUSAL:
+                visible = visible & (kv_idx <= q_idx + self.causal_shift)
+            if problem.HAS_LEFT:
+                visible = visible & (kv_idx >= q_idx + self.causal_shift - problem.window_left)
+            if MASK_HOOK:
+                visible = visible & problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
+                                                     self.causal_shift, mod_args)
             s = gl.where(visible, s, float("-inf"))
-        return online_softmax(s, m_i, l_i, self.problem.softmax_scale_log2, MASKED)
+        # A score hook may return -inf too: rows must survive seeing only -inf.
+        return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None)
 
 
 @aggregate
@@ -344,8 +243,9 @@ class KeyLoop:
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _key_blocks(loop, rows, block_start, block_end, wg, MASKED: gl.constexpr):
-    """Key blocks [block_start, block_end): S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
+def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, MASKED: gl.constexpr,
+                MASK_HOOK: gl.constexpr):
+    """Steps [block_start, block_end) of the tile: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
     The loop carries P_{j-1}."""
     problem = wg.problem
     rings = wg.rings
@@ -356,6 +256,7 @@ def _key_blocks(loop, rows, block_start, block_end, wg, MASKED: gl.constexpr):
     for j in range(block_start, block_end):
         stage = kv_count % problem.NUM_STAGES
         phase = (kv_count // problem.NUM_STAGES) & 1
+        key_start = problem.key_start(tile, j)
         mbarrier.wait(rings.k_ready.index(stage), phase)
         mbarrier.wait(rings.v_ready.index(prev_stage), prev_phase)
         turn_count = wg.wait_turn(turn_count)
@@ -365,7 +266,8 @@ def _key_blocks(loop, rows, block_start, block_end, wg, MASKED: gl.constexpr):
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(rings.k_empty.index(stage), count=1)
-        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, j * problem.BLOCK_N, MASKED)
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
+                                                   MASKED, MASK_HOOK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(rings.v_empty.index(prev_stage), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
@@ -377,15 +279,17 @@ def _key_blocks(loop, rows, block_start, block_end, wg, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg):
-    """The key blocks of one tile (at least one), the loop carrying P; releases Q after its
-    last S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args):
+    """The steps of one tile (at least one), the loop carrying P; releases Q after its last
+    S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
     problem = wg.problem
     rings = wg.rings
-    # Block 0 is peeled: it has no previous P V to overlap with. Masked always (cheap,
-    # once per tile) so that tiles whose first block crosses the diagonal need no branch.
+    # Step 0 is peeled: it has no previous P V to overlap with. Masked always (cheap, once
+    # per tile) so that tiles whose first block crosses the diagonal need no branch.
     stage = kv_count % problem.NUM_STAGES
     phase = (kv_count // problem.NUM_STAGES) & 1
+    first = tile.first_block
+    key_start = problem.key_start(tile, first)
     mbarrier.wait(rings.k_ready.index(stage), phase)
     turn_count = wg.wait_turn(turn_count)
     s = warpgroup_mma(wg.q_op, rings.k_operand(stage),
@@ -394,19 +298,28 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg):
     wg.pass_turn()
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(rings.k_empty.index(stage), count=1)
-    first = tile.first_block
-    p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, first * problem.BLOCK_N, True)
+    LISTED: gl.constexpr = problem.KV_BLOCK > 0
+    HOOKED: gl.constexpr = LISTED and problem.MASK_MOD is not None
+    if HOOKED and first < tile.first_full:   # a partial block: MASK_MOD applies
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
+                                                   True, True)
+    else:
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
+                                                   True, False)
     loop = KeyLoop(acc, wg.p_operand(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
 
-    # Blocks crossing the left window bound, those every row sees in full, then those crossing
-    # the diagonal or the sequence end (without a window: the last two, from block 1).
-    if problem.HAS_LEFT:
-        loop = _key_blocks(loop, rows, first + 1, gl.minimum(tile.first_full, tile.num_blocks),
-                           wg, True)
+    # Steps crossing the left window bound (block lists: partial blocks), those every row sees
+    # in full, then those crossing the diagonal or the sequence end (without a window or
+    # block lists: the last two, from step 1).
+    if problem.HAS_LEFT or LISTED:
+        loop = _key_blocks(loop, rows, tile, first + 1, gl.minimum(tile.first_full,
+                                                                   tile.num_blocks),
+                           wg, mod_args, True, HOOKED)
     unmasked_from = gl.maximum(tile.first_full, first + 1)
-    loop = _key_blocks(loop, rows, unmasked_from, tile.num_full, wg, False)
-    loop = _key_blocks(loop, rows, gl.maximum(tile.num_full, unmasked_from), tile.num_blocks,
-                       wg, True)
+    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, mod_args, False,
+                       False)
+    loop = _key_blocks(loop, rows, tile, gl.maximum(tile.num_full, unmasked_from),
+                       tile.num_blocks, wg, mod_args, True, False)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(rings.q_empty, count=1)
@@ -475,9 +388,10 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
 
 
 @gluon.jit
-def consumer_partition(problem, output, rings, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+def consumer_partition(problem, output, rings, mod_args, HALF: gl.constexpr,
+                       PINGPONG: gl.constexpr):
     """Consumer HALF of a ping-pong pair (PINGPONG), or the lockstep pair of warpgroups: every
-    tile of this program's list, its rows of it."""
+    tile of this program's list, its rows of it. mod_args: the hooks' tuple."""
     wg = Consumer.create(problem, rings, HALF, PINGPONG)
     kv_count = 0
     tile_count = 0
@@ -493,7 +407,8 @@ def consumer_partition(problem, output, rings, HALF: gl.constexpr, PINGPONG: gl.
         mbarrier.wait(rings.q_ready, tile_count & 1)
         if tile.first_block < tile.num_blocks:
             acc, m_i, l_i, kv_count, turn_count = _attend_tile(acc, m_i, l_i, kv_count,
-                                                               turn_count, rows, tile, wg)
+                                                               turn_count, rows, tile, wg,
+                                                               mod_args)
         else:
             mbarrier.arrive(rings.q_empty, count=1)
         _store_tile(acc, m_i, l_i, rows, tile, output, wg)
