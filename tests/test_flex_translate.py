@@ -8,6 +8,8 @@ import functools
 
 import pytest
 import torch
+
+import tileattn
 from torch.nn.attention.flex_attention import and_masks, or_masks
 
 from tileattn.flex import translate
@@ -121,6 +123,20 @@ def test_float_floor_division_follows_torch():
     scores = _scores(seed=6)
     _assert_close_ulps(run_score_hook(hooks.score_mod, hooks.mod_args, scores),
                        eager_score_mod(floor_divisions, scores))
+
+
+def test_position_arithmetic_converts_positions_not_scores():
+    """|q_idx - kv_idx| times a float (ALiBi) is computed from the positions converted to
+    float32 (a conversion per row and per column, exact below flex's length limit), not by
+    converting the integer tile: int-to-float conversions share the exp2 unit. Values equal
+    torch's (test_score_hook_and_derivative_equal_torch runs ALiBi and every_op)."""
+    source = translate.translate(alibi(torch.rand(HEADS)), "score_mod").source
+    assert "tl.abs(((q_idx.to(tl.float32)) - (kv_idx.to(tl.float32))))" in source
+    assert ".to(tl.float32)" not in source.replace("q_idx.to(tl.float32)", "").replace(
+        "kv_idx.to(tl.float32)", "")
+    query = torch.empty(1, 1, (1 << 22) + 1, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="sequence length"):
+        tileattn.flex_attention(query, query, query)
 
 
 def test_derivative_hook_loads_only_what_it_needs():

@@ -8,6 +8,7 @@ import math
 from ..arch import FP8_DTYPES
 from ..checks import INPUT_DTYPES, descale, no_grad, same_device, tensor
 from ..checks import head_dim as check_head_dim
+from .emit import POSITION_BOUND
 
 def _positional_arity(fn) -> int | None:
     try:
@@ -38,6 +39,10 @@ def flex_inputs(query, key, value, score_mod, block_mask, scale, enable_gqa, ret
                   k_descale=k_descale, v_descale=v_descale)
     batch, num_q_heads, seqlen_q, head_dim = query.shape
     key_batch, num_kv_heads, seqlen_k, _ = key.shape
+    longest = max(seqlen_q, seqlen_k)
+    if longest > POSITION_BOUND:
+        raise ValueError(f"query/key sequence length {longest} exceeds {POSITION_BOUND}: the "
+                         "translated mods compute position arithmetic in float32, exact below it")
     if value.shape[:3] != key.shape[:3]:
         raise ValueError(f"key and value must agree in batch, heads and seqlen, got key "
                          f"{tuple(key.shape)}, value {tuple(value.shape)}")

@@ -18,6 +18,7 @@ loads 0, because hooks also see positions past the sequence ends.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -41,13 +42,25 @@ HOOK_PARAMETERS = {
 _NOT_CONSTANT = object()
 
 
+# Positions (q_idx, kv_idx) are below this (flex/checks.py refuses longer sequences), so
+# index arithmetic of magnitude <= 2**24 is exact in float32 (EXACT_FLOAT_BOUND).
+POSITION_BOUND = 1 << 22
+EXACT_FLOAT_BOUND = 1 << 24
+
+
 @dataclass(frozen=True)
 class Value:
     """An elementwise value of the hook: `code` (a variable or a literal) of torch `dtype`;
-    `constant` holds the Python value of a literal."""
+    `constant` holds the Python value of a literal. An integer value computed from positions
+    by additions, subtractions, negations and absolute values may carry `exact_float`: a float32
+    expression of the same value from the positions converted first (a conversion per row and
+    per column rather than per score: int-to-float conversions share the special-function
+    unit with the softmax's exp2), valid while magnitudes stay within `bound`."""
     code: str
     dtype: torch.dtype
     constant: object = _NOT_CONSTANT
+    exact_float: str | None = None
+    bound: int = 0
 
     @property
     def is_constant(self) -> bool:
@@ -142,7 +155,10 @@ class EmitterBase:
         placeholders = iter(parameters)
         for node in self.graph_module.graph.nodes:
             if node.op == "placeholder":
-                self.values[node] = Value(next(placeholders), node.meta["val"].dtype)
+                name = next(placeholders)
+                exact = f"{name}.to(tl.float32)" if name in ("q_idx", "kv_idx") else None
+                self.values[node] = Value(name, node.meta["val"].dtype, exact_float=exact,
+                                          bound=POSITION_BOUND)
             elif node.op == "get_attr":
                 self.values[node] = self._get_attr(node)
             elif node.op == "call_function":
@@ -197,6 +213,8 @@ class EmitterBase:
             return text
         if value.dtype == dtype:
             return value.code
+        if dtype == torch.float32 and value.exact_float is not None:
+            return f"({value.exact_float})"
         if dtype == torch.bool:
             return f"({value.code} != 0)"
         return f"{value.code}.to({TL_DTYPES[dtype]})"
@@ -259,6 +277,26 @@ class EmitterBase:
         if not isinstance(result, torch.Tensor) or result.numel() != 1:
             return None
         return self._constant(result.item(), result.dtype)
+
+    def _with_exact_float(self, result: Value, template: str, *operands) -> Value:
+        """result (an integer op's, template.format(*operands)) with its exact float32 form when
+        every operand has one (or is a small integer constant) and magnitudes stay exact."""
+        if result.dtype not in (torch.int32, torch.int64):
+            return result
+        forms, bound = [], 0
+        for operand in operands:
+            value = self._operand(operand)
+            if value.is_constant and isinstance(value.constant, int):
+                forms.append(repr(float(value.constant)))
+                bound += abs(value.constant)
+            elif value.exact_float is not None:
+                forms.append(f"({value.exact_float})")
+                bound += value.bound
+            else:
+                return result
+        if bound > EXACT_FLOAT_BOUND:
+            return result
+        return dataclasses.replace(result, exact_float=template.format(*forms), bound=bound)
 
     def _out_dtype(self, node: torch.fx.Node) -> torch.dtype:
         return node.meta["val"].dtype

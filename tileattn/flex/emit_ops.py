@@ -61,12 +61,14 @@ class HookEmitter(EmitterBase):
 
     def _op_add(self, node, a, b, alpha=1):
         if alpha == 1:
-            return self._elementwise(node, "{0} + {1}", a, b)
+            return self._with_exact_float(self._elementwise(node, "{0} + {1}", a, b),
+                                          "{0} + {1}", a, b)
         return self._elementwise(node, "{0} + {1} * {2}", a, b, alpha)
 
     def _op_sub(self, node, a, b, alpha=1):
         if alpha == 1:
-            return self._elementwise(node, "{0} - {1}", a, b)
+            return self._with_exact_float(self._elementwise(node, "{0} - {1}", a, b),
+                                          "{0} - {1}", a, b)
         return self._elementwise(node, "{0} - {1} * {2}", a, b, alpha)
 
     def _op_rsub(self, node, a, b, alpha=1):
@@ -103,10 +105,11 @@ class HookEmitter(EmitterBase):
         return self._elementwise(node, "{0} % {1}", a, b)
 
     def _op_neg(self, node, a):
-        return self._elementwise(node, "-{0}", a)
+        return self._with_exact_float(self._elementwise(node, "-{0}", a), "-{0}", a)
 
     def _op_abs(self, node, a):
-        return self._elementwise(node, "tl.abs({0})", a)
+        return self._with_exact_float(self._elementwise(node, "tl.abs({0})", a),
+                                      "tl.abs({0})", a)
 
     def _op_sign(self, node, a):
         out = self._out_dtype(node)
