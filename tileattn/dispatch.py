@@ -108,6 +108,22 @@ def flex_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return attention_kernel(arch, q, k, v, False, settings)
 
 
+def varlen_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  max_seqlen_k: int, causal: bool, settings: Settings) -> str:
+    """The kernel of an attention_varlen prefill (packed q [total_q, Hq, D], k/v [total_k,
+    Hkv, D]; no block table, ALiBi or right window bound): attention_kernel's rule, with the
+    work of total_q queries against the longest sequence's keys."""
+    if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
+        return "portable"
+    total_q, num_q_heads, head_dim = q.shape
+    work = total_q * num_q_heads * max_seqlen_k * head_dim // (2 if causal else 1)
+    if settings.attention == "auto" and not (q.dtype in (torch.float16, torch.bfloat16)
+                                             and head_dim != 64 and work >= SM90_MIN_WORK):
+        return "portable"
+    from .kernels.attention import sm90
+    return "sm90" if sm90.supports_packed(q, k, v) else "portable"
+
+
 def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)

@@ -200,7 +200,16 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     sequences = fwd.Sequences(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_q=max_q, max_seqlen_k=max(max_k, 1),
                               block_table=block_table)
+    # The Hopper kernel: no paging or ALiBi yet, right window bound causal's or none.
+    hopper = (block_table is None and alibi_slopes is None and (causal or window[1] == -1)
+              and dispatch.varlen_kernel(arch, q, k, v, max_k, causal,
+                                         dispatch.current()) == "sm90")
     with on_device(device):
-        fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, scale, causal,
-                             arch, masks=masks, sequences=sequences).run()
+        if hopper:
+            from ..kernels.attention import sm90
+            sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal, softcap=cap,
+                                       window_left=window[0], sequences=sequences).run()
+        else:
+            fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, scale,
+                                 causal, arch, masks=masks, sequences=sequences).run()
     return (out, lse) if return_lse else out

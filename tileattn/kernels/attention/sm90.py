@@ -99,29 +99,32 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
     start, end = problem.tile_range()
     for t in range(start, end):
         tile = problem.tile(t)
-        # Barriers start in phase 0 "not complete"; waiting for parity 1 passes at once, which
-        # lets the producer fill every buffer before the first release.
-        mbarrier.wait(rings.q_empty, (tile_count & 1) ^ 1)
-        mbarrier.expect(rings.q_ready, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            q_desc, [tile.batch, tile.head, tile.m_block * problem.BLOCK_M, 0], rings.q_ready,
-            rings.q_smem)
-        for j in range(tile.first_block, tile.num_blocks):
-            stage = kv_count % problem.NUM_STAGES
-            phase = (kv_count // problem.NUM_STAGES) & 1
-            key_start = problem.key_start(tile, j)
-            mbarrier.wait(rings.k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(rings.k_ready.index(stage), k_desc.block_type.nbytes)
+        if problem.runs(tile):
+            # Barriers start in phase 0 "not complete"; waiting for parity 1 passes at once,
+            # which lets the producer fill every buffer before the first release.
+            mbarrier.wait(rings.q_empty, (tile_count & 1) ^ 1)
+            mbarrier.expect(rings.q_ready, q_desc.block_type.nbytes)
+            # Varlen tensors are packed: one "batch" whose rows start at the sequence's.
+            batch = 0 if problem.VARLEN else tile.batch
             tma.async_copy_global_to_shared(
-                k_desc, [tile.batch, tile.kv_head, key_start, 0],
-                rings.k_ready.index(stage), rings.k_smem.index(stage))
-            mbarrier.wait(rings.v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(rings.v_ready.index(stage), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                v_desc, [tile.batch, tile.kv_head, key_start, 0],
-                rings.v_ready.index(stage), rings.v_smem.index(stage))
-            kv_count += 1
-        tile_count += 1
+                q_desc, [batch, tile.head, tile.q_start + tile.m_block * problem.BLOCK_M, 0],
+                rings.q_ready, rings.q_smem)
+            for j in range(tile.first_block, tile.num_blocks):
+                stage = kv_count % problem.NUM_STAGES
+                phase = (kv_count // problem.NUM_STAGES) & 1
+                key = tile.k_start + problem.key_start(tile, j)
+                mbarrier.wait(rings.k_empty.index(stage), phase ^ 1)
+                mbarrier.expect(rings.k_ready.index(stage), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(
+                    k_desc, [batch, tile.kv_head, key, 0], rings.k_ready.index(stage),
+                    rings.k_smem.index(stage))
+                mbarrier.wait(rings.v_empty.index(stage), phase ^ 1)
+                mbarrier.expect(rings.v_ready.index(stage), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(
+                    v_desc, [batch, tile.kv_head, key, 0], rings.v_ready.index(stage),
+                    rings.v_smem.index(stage))
+                kv_count += 1
+            tile_count += 1
 
 
 # One entry point: a second one, named so that ptxas schedules it as a CUTLASS kernel, gained
@@ -130,12 +133,15 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
                           gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2, softcap_in,
                           window_left, tile_lists_ptr, kv_index_ptr, full_index_ptr, mod_args,
+                          cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
+                          lse_stride_h,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                           RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
                           HAS_LEFT: gl.constexpr, KV_BLOCK: gl.constexpr,
-                          SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
+                          SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
+                          VARLEN: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -159,12 +165,17 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ().
+    VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1]: q, k, v descriptors of batch 1
+    over [total, heads, head dim], out [total_q, num_q_heads, OUT_DIM] (stride_ob 0), lse
+    [num_q_heads, total_q] (lse_stride_h = total_q); seqlen_q/k and num_m_blocks the longest's.
     """
     problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
-                      tile_lists_ptr, kv_index_ptr, full_index_ptr, BLOCK_M, BLOCK_N, NUM_STAGES,
-                      CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD, MASK_MOD)
-    output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE)
+                      tile_lists_ptr, kv_index_ptr, full_index_ptr, cu_seqlens_q_ptr,
+                      cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
+                      KV_BLOCK, SCORE_MOD, MASK_MOD, VARLEN)
+    output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
+                    RETURN_LSE)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
@@ -213,20 +224,37 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) ->
     return all(tma_ready(x, (0, 1, 2)) for x in (q, k, v))
 
 
+def supports_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """supports() for attention_varlen's packed [total, heads, head dim] tensors."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or v.stride(2) != 1 or k.shape[0] == 0:
+        return False
+    return all(tma_ready(x, (0, 1)) for x in (q, k, v))
+
+
 def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
                           softcap: float = 0.0, window_left: int = -1,
                           config: Sm90Config | None = None, num_programs: int | None = None,
                           block_plan=None, score_mod=None, mask_mod=None,
-                          mod_args: tuple = ()) -> KernelLaunch:
+                          mod_args: tuple = (), sequences=None) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
     softcap > 0 caps the scores at softcap·tanh(s / softcap) and window_left >= 0 hides keys
     before p - window_left from the query at key position p (attention()'s softcap and
     window_size[0]; the right bound is causal's or none). block_plan (a flex.tile_plan.TilePlan
     made for config's BLOCK_M, whose mask blocks BLOCK_N divides) replaces causal and windows
     by a BlockMask's lists, and its work lists the scheduler's; score_mod / mask_mod (the
-    latter with a block_plan only) with mod_args are docs/design.md's hooks ("Mods")."""
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    latter with a block_plan only) with mod_args are docs/design.md's hooks ("Mods").
+    sequences (a kernels.attention.fwd.Sequences without block_table): q, k, v, out packed
+    [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's."""
+    if sequences is not None:
+        assert block_plan is None and sequences.block_table is None
+        q, k, v, out = (x.unsqueeze(0) for x in (q, k, v, out))
+        batch = sequences.cu_seqlens_q.shape[0] - 1
+        seqlen_q, seqlen_k = sequences.max_seqlen_q, sequences.max_seqlen_k
+        num_q_heads, head_dim = q.shape[2], q.shape[3]
+    else:
+        batch, seqlen_q, num_q_heads, head_dim = q.shape
+        seqlen_k = k.shape[1]
+    num_kv_heads, head_dim_v = k.shape[2], v.shape[3]
     config = config or config_for(head_dim, head_dim_v)
     assert block_plan is not None or mask_mod is None, "a mask hook runs on block lists only"
     assert block_plan is None or not (causal or window_left >= 0 or softcap > 0)
@@ -262,15 +290,18 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         kv_index_ptr=block_plan.kv_indices if block_plan is not None else None,
         full_index_ptr=block_plan.full_kv_indices if block_plan is not None else None,
         mod_args=tuple(mod_args), q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
-        out_ptr=out, stride_ob=out.stride(0), stride_os=out.stride(1), stride_oh=out.stride(2),
-        lse_ptr=lse,
+        cu_seqlens_q_ptr=sequences.cu_seqlens_q if sequences is not None else None,
+        cu_seqlens_k_ptr=sequences.cu_seqlens_k if sequences is not None else None,
+        out_ptr=out, stride_ob=0 if sequences is not None else out.stride(0),
+        stride_os=out.stride(1), stride_oh=out.stride(2), lse_ptr=lse,
+        lse_stride_h=lse.stride(0) if sequences is not None and lse is not None else 0,
     )
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, OUT_DIM=head_dim_v, NUM_STAGES=config.num_stages,
         CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
         HAS_LEFT=window_left >= 0,
         KV_BLOCK=block_plan.kv_block_size if block_plan is not None else 0,
-        SCORE_MOD=score_mod, MASK_MOD=mask_mod,
+        SCORE_MOD=score_mod, MASK_MOD=mask_mod, VARLEN=sequences is not None,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

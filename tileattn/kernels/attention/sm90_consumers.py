@@ -106,7 +106,6 @@ class Consumer:
     problem: Problem
     rings: Rings
     q_op: gl.shared_memory_descriptor
-    causal_shift: Scalar
     HALF: gl.constexpr
     PINGPONG: gl.constexpr
     ROWS: gl.constexpr
@@ -118,12 +117,11 @@ class Consumer:
     row_layout: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, problem, rings, q_op, causal_shift, HALF, PINGPONG, ROWS, HEAD_DIM_V,
+    def __init__(self, problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V,
                  P_DTYPE, s_layout, o_layout, p_layout, row_layout):
         self.problem = problem
         self.rings = rings
         self.q_op = q_op
-        self.causal_shift = scalar(causal_shift)
         self.HALF = gl.constexpr(HALF)
         self.PINGPONG = gl.constexpr(PINGPONG)
         self.ROWS = gl.constexpr(ROWS)
@@ -154,8 +152,7 @@ class Consumer:
                                                      k_width=K_WIDTH)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         q_op = rings.q_smem.reshape([problem.BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
-        causal_shift = problem.seqlen_k - problem.seqlen_q
-        return Consumer(problem, rings, q_op, causal_shift, HALF, PINGPONG, ROWS, HEAD_DIM_V,
+        return Consumer(problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V,
                         dtype, s_layout, o_layout, p_layout, row_layout)
 
     @gluon.jit
@@ -188,6 +185,8 @@ class Consumer:
         cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
         q_idx = gl.expand_dims(rows, 1)
         kv_idx = gl.expand_dims(cols, 0)
+        # Bottom-right alignment within the tile's sequence.
+        causal_shift = tile.seqlen_k - tile.seqlen_q
         qk_scale = problem.softmax_scale_log2
         if problem.SOFTCAP:
             # tanh(x) = 1 - 2 / (e^2x + 1), as the portable kernel's softcap hook (kernels/
@@ -196,17 +195,17 @@ class Consumer:
         if problem.SCORE_MOD is not None:
             # Hooks see natural-log scores; the softmax then works in base 2.
             s = problem.SCORE_MOD(s * (qk_scale * 0.6931471805599453), tile.batch, tile.head,
-                                  q_idx, kv_idx, self.causal_shift, mod_args)
+                                  q_idx, kv_idx, causal_shift, mod_args)
             qk_scale = 1.4426950408889634
         if MASKED:
-            visible = kv_idx < problem.seqlen_k
+            visible = kv_idx < tile.seqlen_k
             if problem.CAUSAL:
-                visible = visible & (kv_idx <= q_idx + self.causal_shift)
+                visible = visible & (kv_idx <= q_idx + causal_shift)
             if problem.HAS_LEFT:
-                visible = visible & (kv_idx >= q_idx + self.causal_shift - problem.window_left)
+                visible = visible & (kv_idx >= q_idx + causal_shift - problem.window_left)
             if MASK_HOOK:
                 visible = visible & problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
-                                                     self.causal_shift, mod_args)
+                                                     causal_shift, mod_args)
             s = gl.where(visible, s, float("-inf"))
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None)
@@ -341,22 +340,26 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args):
 @aggregate
 class Output:
     """Where the epilogue writes: out (OUT_DIM columns, V's head dim; the tile may be wider, its
-    padding is not stored) and, with RETURN_LSE, lse."""
+    padding is not stored) and, with RETURN_LSE, lse ([batch, heads, seqlen_q], or with VARLEN
+    packed [heads, total_q]: a head's row lse_stride_h long)."""
     out_ptr: gl.tensor
     stride_ob: Scalar
     stride_os: Scalar
     stride_oh: Scalar
     lse_ptr: Scalar
+    lse_stride_h: Scalar
     OUT_DIM: gl.constexpr
     RETURN_LSE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, OUT_DIM, RETURN_LSE):
+    def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
+                 RETURN_LSE):
         self.out_ptr = out_ptr
         self.stride_ob = scalar(stride_ob)
         self.stride_os = scalar(stride_os)
         self.stride_oh = scalar(stride_oh)
         self.lse_ptr = scalar(lse_ptr)
+        self.lse_stride_h = scalar(lse_stride_h)
         self.OUT_DIM = gl.constexpr(OUT_DIM)
         self.RETURN_LSE = gl.constexpr(RETURN_LSE)
 
@@ -374,17 +377,21 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
     out_cols = gl.arange(0, wg.HEAD_DIM_V, layout=gl.SliceLayout(0, wg.o_layout))
     out_ptrs = (output.out_ptr + tile.batch.to(gl.int64) * output.stride_ob
                 + tile.head.to(gl.int64) * output.stride_oh
-                + gl.expand_dims(out_rows.to(gl.int64) * output.stride_os, 1)
+                + gl.expand_dims((tile.q_start + out_rows).to(gl.int64) * output.stride_os, 1)
                 + gl.expand_dims(out_cols, 0))
-    out_mask = gl.expand_dims(out_rows < problem.seqlen_q, 1)
+    out_mask = gl.expand_dims(out_rows < tile.seqlen_q, 1)
     if output.OUT_DIM != wg.HEAD_DIM_V:
         out_mask = out_mask & gl.expand_dims(out_cols < output.OUT_DIM, 0)
     gl.store(out_ptrs, acc.to(output.out_ptr.dtype.element_ty), mask=out_mask)
     if output.RETURN_LSE:
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-        batch_head = tile.batch * problem.num_q_heads + tile.head
-        gl.store(output.lse_ptr + batch_head.to(gl.int64) * problem.seqlen_q + rows, lse,
-                 mask=rows < problem.seqlen_q)
+        if problem.VARLEN:
+            lse_ptrs = (output.lse_ptr + tile.head.to(gl.int64) * output.lse_stride_h
+                        + tile.q_start + rows)
+        else:
+            batch_head = tile.batch * problem.num_q_heads + tile.head
+            lse_ptrs = output.lse_ptr + batch_head.to(gl.int64) * problem.seqlen_q + rows
+        gl.store(lse_ptrs, lse, mask=rows < tile.seqlen_q)
 
 
 @gluon.jit
@@ -399,17 +406,18 @@ def consumer_partition(problem, output, rings, mod_args, HALF: gl.constexpr,
     start, end = problem.tile_range()
     for t in range(start, end):
         tile = problem.tile(t)
-        rows = (tile.m_block * problem.BLOCK_M + HALF * wg.ROWS
-                + gl.arange(0, wg.ROWS, layout=wg.row_layout))
-        m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
-        l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
-        acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
-        mbarrier.wait(rings.q_ready, tile_count & 1)
-        if tile.first_block < tile.num_blocks:
-            acc, m_i, l_i, kv_count, turn_count = _attend_tile(acc, m_i, l_i, kv_count,
-                                                               turn_count, rows, tile, wg,
-                                                               mod_args)
-        else:
-            mbarrier.arrive(rings.q_empty, count=1)
-        _store_tile(acc, m_i, l_i, rows, tile, output, wg)
-        tile_count += 1
+        if problem.runs(tile):
+            rows = (tile.m_block * problem.BLOCK_M + HALF * wg.ROWS
+                    + gl.arange(0, wg.ROWS, layout=wg.row_layout))
+            m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
+            l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
+            acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
+            mbarrier.wait(rings.q_ready, tile_count & 1)
+            if tile.first_block < tile.num_blocks:
+                acc, m_i, l_i, kv_count, turn_count = _attend_tile(acc, m_i, l_i, kv_count,
+                                                                   turn_count, rows, tile, wg,
+                                                                   mod_args)
+            else:
+                mbarrier.arrive(rings.q_empty, count=1)
+            _store_tile(acc, m_i, l_i, rows, tile, output, wg)
+            tile_count += 1

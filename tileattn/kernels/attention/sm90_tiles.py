@@ -51,6 +51,8 @@ class Problem:
     tile_lists_ptr: Scalar
     kv_index_ptr: Scalar
     full_index_ptr: Scalar
+    cu_seqlens_q_ptr: Scalar
+    cu_seqlens_k_ptr: Scalar
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     NUM_STAGES: gl.constexpr
@@ -60,12 +62,14 @@ class Problem:
     KV_BLOCK: gl.constexpr
     SCORE_MOD: gl.constexpr
     MASK_MOD: gl.constexpr
+    VARLEN: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                  seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, tile_lists_ptr,
-                 kv_index_ptr, full_index_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP,
-                 HAS_LEFT, KV_BLOCK, SCORE_MOD, MASK_MOD):
+                 kv_index_ptr, full_index_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M,
+                 BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD, MASK_MOD,
+                 VARLEN):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -79,6 +83,8 @@ class Problem:
         self.tile_lists_ptr = scalar(tile_lists_ptr)
         self.kv_index_ptr = scalar(kv_index_ptr)
         self.full_index_ptr = scalar(full_index_ptr)
+        self.cu_seqlens_q_ptr = scalar(cu_seqlens_q_ptr)
+        self.cu_seqlens_k_ptr = scalar(cu_seqlens_k_ptr)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.NUM_STAGES = gl.constexpr(NUM_STAGES)
@@ -88,6 +94,7 @@ class Problem:
         self.KV_BLOCK = gl.constexpr(KV_BLOCK)
         self.SCORE_MOD = gl.constexpr(SCORE_MOD)
         self.MASK_MOD = gl.constexpr(MASK_MOD)
+        self.VARLEN = gl.constexpr(VARLEN)
 
     @gluon.jit
     def tile_range(self):
@@ -107,13 +114,20 @@ class Problem:
         kv_head = head // self.gqa_group_size
         if self.KV_BLOCK > 0:
             work = self._listed_tile(tile, m_block, batch, head, kv_head)
+        elif self.VARLEN:
+            q_start = gl.load(self.cu_seqlens_q_ptr + batch)
+            k_start = gl.load(self.cu_seqlens_k_ptr + batch)
+            work = self._dense_tile(m_block, batch, head, kv_head, q_start, k_start,
+                                    gl.load(self.cu_seqlens_q_ptr + batch + 1) - q_start,
+                                    gl.load(self.cu_seqlens_k_ptr + batch + 1) - k_start)
         else:
-            work = self._dense_tile(m_block, batch, head, kv_head)
+            work = self._dense_tile(m_block, batch, head, kv_head, 0, 0, self.seqlen_q,
+                                    self.seqlen_k)
         return work
 
     @gluon.jit
     def _listed_tile(self, tile, m_block, batch, head, kv_head):
-        """A block-list tile: its row of tile_lists."""
+        """A block-list tile: its row of tile_lists (dense sequences)."""
         STEPS: gl.constexpr = self.KV_BLOCK // self.BLOCK_N
         row = self.tile_lists_ptr + tile.to(gl.int64) * TILE_LIST_FIELDS
         num_partial = gl.load(row)
@@ -122,34 +136,46 @@ class Problem:
         partial_ptr = self.kv_index_ptr + gl.load(row + 3)
         full_ptr = self.full_index_ptr + gl.load(row + 4)
         return WorkTile(m_block, batch, head, kv_head, 0, num_partial * STEPS, num_listed * STEPS,
-                        num_clean * STEPS, partial_ptr, full_ptr)
+                        num_clean * STEPS, partial_ptr, full_ptr, 0, 0, self.seqlen_q,
+                        self.seqlen_k)
 
     @gluon.jit
-    def _dense_tile(self, m_block, batch, head, kv_head):
-        """A dense tile: its key range from causal and the window."""
+    def _dense_tile(self, m_block, batch, head, kv_head, q_start, k_start, seqlen_q, seqlen_k):
+        """A dense tile of a sequence of seqlen_q queries and seqlen_k keys: its key range from
+        causal and the window."""
         # Query i sees keys j <= i + causal_shift (bottom-right aligned when seqlen_q != seqlen_k).
-        causal_shift = self.seqlen_k - self.seqlen_q
+        causal_shift = seqlen_k - seqlen_q
         if self.CAUSAL:
             key_end = gl.maximum(
-                gl.minimum(self.seqlen_k, (m_block + 1) * self.BLOCK_M + causal_shift), 0)
-            first_row_sees = gl.minimum(m_block * self.BLOCK_M + causal_shift + 1, self.seqlen_k)
+                gl.minimum(seqlen_k, (m_block + 1) * self.BLOCK_M + causal_shift), 0)
+            first_row_sees = gl.minimum(m_block * self.BLOCK_M + causal_shift + 1, seqlen_k)
             num_full = gl.maximum(first_row_sees, 0) // self.BLOCK_N
         else:
-            key_end = self.seqlen_k
-            num_full = self.seqlen_k // self.BLOCK_N
+            key_end = seqlen_k
+            num_full = seqlen_k // self.BLOCK_N
         num_blocks = gl.cdiv(key_end, self.BLOCK_N)
         first_block = 0
         first_full = 0
         if self.HAS_LEFT:
             # The first row's window starts the first block; from the last real row's window
             # start on, no row of the tile needs the left bound.
-            last_row = gl.minimum((m_block + 1) * self.BLOCK_M, self.seqlen_q) - 1
+            last_row = gl.minimum((m_block + 1) * self.BLOCK_M, seqlen_q) - 1
             first_block = gl.maximum(m_block * self.BLOCK_M + causal_shift - self.window_left,
                                      0) // self.BLOCK_N
             first_full = gl.cdiv(gl.maximum(last_row + causal_shift - self.window_left, 0),
                                  self.BLOCK_N)
         return WorkTile(m_block, batch, head, kv_head, first_block, first_full, num_blocks,
-                        num_full, 0, 0)
+                        num_full, 0, 0, q_start, k_start, seqlen_q, seqlen_k)
+
+    @gluon.jit
+    def runs(self, tile):
+        """Whether a tile holds queries: a varlen work list holds every tile of the longest
+        sequence, and both partitions skip those past their own sequence's end."""
+        if self.VARLEN:
+            result = tile.m_block * self.BLOCK_M < tile.seqlen_q
+        else:
+            result = True
+        return result
 
     @gluon.jit
     def key_start(self, tile, j):
@@ -172,7 +198,9 @@ class WorkTile:
     [first_block, num_blocks), of which those in [first_full, num_full) need no mask (dense:
     those below first_full cross the left window bound, those from num_full on the causal
     diagonal or the sequence end; block lists: partial steps, then full ones). partial_ptr /
-    full_ptr: the tile's rows of the block lists (block lists only)."""
+    full_ptr: the tile's rows of the block lists (block lists only). Its sequence: queries
+    [q_start, q_start + seqlen_q) and keys [k_start, k_start + seqlen_k) of the (packed, with
+    VARLEN) tensors."""
     m_block: Scalar
     batch: Scalar
     head: Scalar
@@ -183,10 +211,14 @@ class WorkTile:
     num_full: Scalar
     partial_ptr: Scalar
     full_ptr: Scalar
+    q_start: Scalar
+    k_start: Scalar
+    seqlen_q: Scalar
+    seqlen_k: Scalar
 
     @gluon.constexpr_function
     def __init__(self, m_block, batch, head, kv_head, first_block, first_full, num_blocks,
-                 num_full, partial_ptr, full_ptr):
+                 num_full, partial_ptr, full_ptr, q_start, k_start, seqlen_q, seqlen_k):
         self.m_block = scalar(m_block)
         self.batch = scalar(batch)
         self.head = scalar(head)
@@ -197,3 +229,7 @@ class WorkTile:
         self.num_full = scalar(num_full)
         self.partial_ptr = scalar(partial_ptr)
         self.full_ptr = scalar(full_ptr)
+        self.q_start = scalar(q_start)
+        self.k_start = scalar(k_start)
+        self.seqlen_q = scalar(seqlen_q)
+        self.seqlen_k = scalar(seqlen_k)

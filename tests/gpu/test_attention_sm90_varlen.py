@@ -1,0 +1,85 @@
+"""Packed (varlen) sequences on the Hopper Gluon kernel against the fp64 reference, on an sm90
+GPU: per-sequence bottom-right causal masks over unequal query and key lengths, empty
+sequences on either side, single tokens, GQA, every head-dim family, softcap and left windows;
+outputs poisoned with NaN first. Also: attention_varlen dispatches here, and not for what the
+kernel lacks (ALiBi, paged caches). Skipped elsewhere."""
+
+import pytest
+import torch
+
+import tileattn
+from tileattn import dispatch
+from tileattn.kernels.attention import fwd, sm90
+from tileattn.reference import attention_varlen_reference
+
+from ..conftest import LSE_TOLERANCES, TOLERANCES
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs an sm90 GPU")
+
+# Query and key lengths per sequence: more keys than queries, empty on either side, one token,
+# a long one, more queries than keys.
+LENGTHS_Q = [1000, 0, 1, 3000, 517, 64, 300]
+LENGTHS_K = [1200, 77, 1, 3000, 0, 64, 129]
+
+
+def _packed(head_dim, dtype, head_dim_v=None, heads=(8, 2)):
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    cu_q, cu_k = (torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+                  for lengths in (LENGTHS_Q, LENGTHS_K))
+    q = torch.randn(int(cu_q[-1]), heads[0], head_dim, device="cuda", generator=gen)
+    k = torch.randn(int(cu_k[-1]), heads[1], head_dim, device="cuda", generator=gen)
+    v = torch.randn(int(cu_k[-1]), heads[1], head_dim_v or head_dim, device="cuda",
+                    generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype), cu_q, cu_k
+
+
+def _assert_close(out, lse, q, k, v, cu_q, cu_k, causal, **masks):
+    ref, ref_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=causal, **masks)
+    assert not out.isnan().any() and not lse.isnan().any()
+    error = float((out.double() - ref).norm() / ref.norm())
+    assert error < TOLERANCES[q.dtype], error
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() \
+        < LSE_TOLERANCES[q.dtype]
+
+
+@pytest.mark.parametrize("dtype, head_dim, head_dim_v, causal, softcap, left", [
+    (torch.bfloat16, 128, 128, True, 0.0, -1), (torch.bfloat16, 128, 128, False, 0.0, -1),
+    (torch.float16, 64, 64, True, 0.0, -1), (torch.float16, 256, 256, True, 0.0, -1),
+    (torch.bfloat16, 192, 128, False, 0.0, -1), (torch.bfloat16, 128, 128, True, 20.0, 300),
+    (torch.bfloat16, 128, 128, False, 0.0, 200),
+], ids=lambda p: str(p).replace("torch.", ""))
+def test_varlen(dtype, head_dim, head_dim_v, causal, softcap, left):
+    q, k, v, cu_q, cu_k = _packed(head_dim, dtype, head_dim_v)
+    q = q * 3 if softcap else q
+    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=dtype,
+                     device="cuda")
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device="cuda")
+    sequences = fwd.Sequences(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(LENGTHS_Q),
+                              max_seqlen_k=max(LENGTHS_K), block_table=None)
+    assert sm90.supports_packed(q, k, v)
+    sm90.attention_sm90_launch(q, k, v, out, lse, head_dim ** -0.5, causal, softcap=softcap,
+                               window_left=left, sequences=sequences).run()
+    _assert_close(out, lse, q, k, v, cu_q, cu_k, causal, softcap=softcap,
+                  window_size=(left, 0 if causal else -1))
+
+
+def test_attention_varlen_dispatches_here(monkeypatch):
+    """attention_varlen runs this kernel for what it has (causal, left windows, softcap), the
+    portable one for ALiBi; both agree with the reference."""
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    launched = []
+    original = sm90.attention_sm90_launch
+    monkeypatch.setattr(sm90, "attention_sm90_launch",
+                        lambda *a, **kw: launched.append(kw.get("sequences") is not None)
+                        or original(*a, **kw))
+    q, k, v, cu_q, cu_k = _packed(128, torch.bfloat16)
+    for masks in (dict(causal=True), dict(causal=True, window_size=(500, 0)),
+                  dict(alibi_slopes=torch.rand(8, device="cuda"))):
+        out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K),
+                                             return_lse=True, **masks)
+        _assert_close(out, lse, q, k, v, cu_q, cu_k, **dict(dict(causal=False), **masks))
+    assert launched == [True, True]
