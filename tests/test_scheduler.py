@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tileattn.scheduler import (heads_per_group, prefill_work_lists, prefill_work_lists_python,
+                                varlen_work_lists,
                                 weighted_work_lists_python)
 
 SHAPES = [(1, 1, 132), (8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4), (131, 1, 132),
@@ -89,3 +90,31 @@ def test_weighted_lists_cover_every_tile_and_balance(group_heads):
     # Equal costs reproduce the causal order's tie-break (later query blocks first).
     uniform, _ = weighted_work_lists_python([1] * 12, 4, 3, 1, 3)
     assert uniform == prefill_work_lists_python(4, 3, True, 1, 3)[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_lists_hold_every_tile_once_and_balance(causal):
+    """Packed sequences: every tile of the longest sequence's grid once, the real ones before
+    any past their sequence's end within each program, and programs' real work within the
+    costliest tile of each other."""
+    lengths_q = [1000, 0, 1, 3000, 517, 64, 300]
+    lengths_k = [1200, 77, 1, 3000, 0, 64, 129]
+    cu_q, cu_k = (torch.tensor([0] + l).cumsum(0).to(torch.int32) for l in (lengths_q, lengths_k))
+    heads, block_m, block_n, programs = 3, 128, 128, 5
+    num_m_blocks = -(-max(lengths_q) // block_m)
+    tile_ids, starts = varlen_work_lists(cu_q, cu_k, heads, num_m_blocks, block_m, block_n,
+                                         causal, programs)
+    assert sorted(tile_ids.tolist()) == list(range(len(lengths_q) * heads * num_m_blocks))
+    assert starts.tolist()[-1] == len(tile_ids) and starts.dtype == torch.int32
+
+    def cost(tile):
+        m, sequence = tile % num_m_blocks, tile // num_m_blocks // heads
+        if m * block_m >= lengths_q[sequence]:
+            return 0
+        end = lengths_k[sequence]
+        if causal:
+            end = max(0, min(end, (m + 1) * block_m + lengths_k[sequence] - lengths_q[sequence]))
+        return -(-end // block_n) + 1
+    loads = [sum(cost(t) for t in tile_ids[a:b].tolist())
+             for a, b in zip(starts.tolist(), starts.tolist()[1:])]
+    assert max(loads) - min(loads) <= max(cost(t) for t in range(len(tile_ids)))

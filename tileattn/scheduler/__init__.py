@@ -3,8 +3,9 @@ Python/torch so that they are unit-tested on the CPU."""
 
 from .mla import MLAPlan, make_mla_plan, mla_chunk_size, split_mla_work
 from .prefill import (heads_per_group, prefill_tile_order_list, prefill_work_lists,
-                      prefill_work_lists_python, weighted_work_lists_python)
+                      prefill_work_lists_python, varlen_work_lists,
+                      weighted_work_lists_python)
 
 __all__ = ["MLAPlan", "make_mla_plan", "mla_chunk_size", "split_mla_work", "heads_per_group",
            "prefill_tile_order_list", "prefill_work_lists", "prefill_work_lists_python",
-           "weighted_work_lists_python"]
+           "varlen_work_lists", "weighted_work_lists_python"]

@@ -103,3 +103,46 @@ def prefill_work_lists(num_m_blocks: int, num_batch_heads: int, causal: bool, nu
     """prefill_work_lists_python as int32 tensors on `device`, built once per shape."""
     return _prefill_work_lists_cached(num_m_blocks, num_batch_heads, causal, num_programs,
                                       group_heads, str(device))
+
+
+def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, num_heads: int,
+                      num_m_blocks: int, block_m: int, block_n: int, causal: bool,
+                      num_programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tile_ids, starts) of the Hopper kernel's packed sequences, built on cu_seqlens' device
+    without reading them (no synchronisation; CUDA-graph capturable): every tile id m_block +
+    num_m_blocks·(sequence·num_heads + head) of the longest sequence's grid, each tile costed
+    by its key blocks (causal: bottom-right per sequence), tiles past their sequence's end
+    last at cost 0 (the kernel skips them). The costliest first; programs take the list in a
+    snake (0..P-1, P-1..0, ...), which balances a descending list without a host-side LPT."""
+    device = cu_seqlens_q.device
+    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()[:, None, None]
+    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()[:, None, None]
+    m_block = torch.arange(num_m_blocks, device=device)[None, None, :]
+    if causal:
+        key_end = torch.clamp(torch.minimum(lengths_k, (m_block + 1) * block_m + lengths_k
+                                            - lengths_q), min=0)
+    else:
+        key_end = lengths_k
+    cost = (key_end + block_n - 1) // block_n + 1
+    cost = torch.where(m_block * block_m < lengths_q, cost, 0).expand(-1, num_heads, -1)
+    cost = cost.reshape(-1)
+    # Costliest first over the whole list (ties in tile order: the heads of a sequence, GQA
+    # groups sharing K/V, together); head groups as in the dense order unbalanced the snake.
+    order = torch.argsort(-cost, stable=True)
+    position = torch.arange(cost.numel(), device=device)
+    lap, lane = position // num_programs, position % num_programs
+    program = torch.where(lap % 2 == 0, lane, num_programs - 1 - lane)
+    tile_ids = order[torch.argsort(program, stable=True)].to(torch.int32)
+    return tile_ids, _snake_starts(cost.numel(), num_programs, str(device))
+
+
+@functools.lru_cache(maxsize=256)
+def _snake_starts(num_tiles: int, num_programs: int, device: str) -> torch.Tensor:
+    """starts of a snake over num_tiles, from the count alone (bincount would read the
+    device); made once per shape, like prefill_work_lists' tensors."""
+    laps, rest = divmod(num_tiles, num_programs)
+    last_lap = range(rest) if laps % 2 == 0 else range(num_programs - rest, num_programs)
+    starts = [0]
+    for program in range(num_programs):
+        starts.append(starts[-1] + laps + (program in last_lap))
+    return torch.tensor(starts, dtype=torch.int32, device=device)

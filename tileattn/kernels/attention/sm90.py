@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...arch import num_sms
-from ...scheduler import heads_per_group, prefill_work_lists
+from ...scheduler import heads_per_group, prefill_work_lists, varlen_work_lists
 from .configs import padded_head_dim
 from .sm90_consumers import Output, Rings, consumer_partition
 from .sm90_tiles import Problem
@@ -273,6 +273,11 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     if block_plan is not None:
         programs = block_plan.num_programs
         tile_ids, tile_starts = block_plan.tile_ids, block_plan.tile_starts
+    elif sequences is not None:
+        programs = min(num_programs or num_sms(q.device), num_m_blocks * batch * num_q_heads)
+        tile_ids, tile_starts = varlen_work_lists(
+            sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks, block_m,
+            block_n, causal, programs)
     else:
         num_tiles = num_m_blocks * batch * num_q_heads
         programs = min(num_programs or num_sms(q.device), num_tiles)
