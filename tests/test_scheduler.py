@@ -94,18 +94,18 @@ def test_weighted_lists_cover_every_tile_and_balance(group_heads):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_lists_hold_every_tile_once_and_balance(causal):
-    """Packed sequences: every tile of the longest sequence's grid once, the real ones before
-    any past their sequence's end within each program, and programs' real work within the
+    """Packed sequences: every tile of the longest sequence's grid once, each program's real
+    tiles [start, end) before those past their sequence's end, and programs' work within the
     costliest tile of each other."""
     lengths_q = [1000, 0, 1, 3000, 517, 64, 300]
     lengths_k = [1200, 77, 1, 3000, 0, 64, 129]
     cu_q, cu_k = (torch.tensor([0] + l).cumsum(0).to(torch.int32) for l in (lengths_q, lengths_k))
     heads, block_m, block_n, programs = 3, 128, 128, 5
     num_m_blocks = -(-max(lengths_q) // block_m)
-    tile_ids, starts = varlen_work_lists(cu_q, cu_k, heads, num_m_blocks, block_m, block_n,
-                                         causal, programs)
+    tile_ids, starts, ends = varlen_work_lists(cu_q, cu_k, heads, num_m_blocks, block_m,
+                                               block_n, causal, programs)
     assert sorted(tile_ids.tolist()) == list(range(len(lengths_q) * heads * num_m_blocks))
-    assert starts.tolist()[-1] == len(tile_ids) and starts.dtype == torch.int32
+    assert starts.tolist()[-1] == len(tile_ids) and starts.dtype == ends.dtype == torch.int32
 
     def cost(tile):
         m, sequence = tile % num_m_blocks, tile // num_m_blocks // heads
@@ -115,6 +115,9 @@ def test_varlen_lists_hold_every_tile_once_and_balance(causal):
         if causal:
             end = max(0, min(end, (m + 1) * block_m + lengths_k[sequence] - lengths_q[sequence]))
         return -(-end // block_n) + 1
-    loads = [sum(cost(t) for t in tile_ids[a:b].tolist())
-             for a, b in zip(starts.tolist(), starts.tolist()[1:])]
+    ranges = list(zip(starts.tolist(), ends.tolist(), starts.tolist()[1:]))
+    for start, end, next_start in ranges:     # the real tiles, then only empty ones
+        assert all(cost(t) > 0 for t in tile_ids[start:end].tolist())
+        assert all(cost(t) == 0 for t in tile_ids[end:next_start].tolist())
+    loads = [sum(cost(t) for t in tile_ids[a:b].tolist()) for a, b, _ in ranges]
     assert max(loads) - min(loads) <= max(cost(t) for t in range(len(tile_ids)))

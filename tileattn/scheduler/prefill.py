@@ -107,13 +107,14 @@ def prefill_work_lists(num_m_blocks: int, num_batch_heads: int, causal: bool, nu
 
 def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, num_heads: int,
                       num_m_blocks: int, block_m: int, block_n: int, causal: bool,
-                      num_programs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tile_ids, starts) of the Hopper kernel's packed sequences, built on cu_seqlens' device
+                      num_programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tile_ids, starts, ends) of the Hopper kernel's packed sequences, built on cu_seqlens' device
     without reading them (no synchronisation; CUDA-graph capturable): every tile id m_block +
     num_m_blocks·(sequence·num_heads + head) of the longest sequence's grid, each tile costed
     by its key blocks (causal: bottom-right per sequence), tiles past their sequence's end
-    last at cost 0 (the kernel skips them). The costliest first; programs take the list in a
-    snake (0..P-1, P-1..0, ...), which balances a descending list without a host-side LPT."""
+    last at cost 0. The costliest first; programs take the list in a snake (0..P-1, P-1..0,
+    ...), which balances a descending list without a host-side LPT. Program p runs
+    tile_ids[starts[p]:ends[p]]: its tiles that hold queries."""
     device = cu_seqlens_q.device
     lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()[:, None, None]
     lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()[:, None, None]
@@ -133,7 +134,11 @@ def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, nu
     lap, lane = position // num_programs, position % num_programs
     program = torch.where(lap % 2 == 0, lane, num_programs - 1 - lane)
     tile_ids = order[torch.argsort(program, stable=True)].to(torch.int32)
-    return tile_ids, _snake_starts(cost.numel(), num_programs, str(device))
+    starts = _snake_starts(cost.numel(), num_programs, str(device))
+    # A program's tiles past their sequence's end come last in its list: it stops before them.
+    real = torch.zeros(num_programs, dtype=torch.int32, device=device).index_add_(
+        0, program, (cost[order] > 0).to(torch.int32))
+    return tile_ids, starts, starts[:-1] + real
 
 
 @functools.lru_cache(maxsize=256)

@@ -133,7 +133,7 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
                           gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2, softcap_in,
                           window_left, tile_lists_ptr, kv_index_ptr, full_index_ptr, mod_args,
-                          cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+                          tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           lse_stride_h,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
@@ -165,14 +165,15 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ().
-    VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1]: q, k, v descriptors of batch 1
+    VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1], program p's tiles ending at
+    tile_ends[p] (int32 [programs]; scheduler.varlen_work_lists): q, k, v descriptors of batch 1
     over [total, heads, head dim], out [total_q, num_q_heads, OUT_DIM] (stride_ob 0), lse
     [num_q_heads, total_q] (lse_stride_h = total_q); seqlen_q/k and num_m_blocks the longest's.
     """
     problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
-                      tile_lists_ptr, kv_index_ptr, full_index_ptr, cu_seqlens_q_ptr,
-                      cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
+                      tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
+                      cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
                       KV_BLOCK, SCORE_MOD, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE)
@@ -275,7 +276,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         tile_ids, tile_starts = block_plan.tile_ids, block_plan.tile_starts
     elif sequences is not None:
         programs = min(num_programs or num_sms(q.device), num_m_blocks * batch * num_q_heads)
-        tile_ids, tile_starts = varlen_work_lists(
+        tile_ids, tile_starts, tile_ends = varlen_work_lists(
             sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks, block_m,
             block_n, causal, programs)
     else:
@@ -295,6 +296,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         kv_index_ptr=block_plan.kv_indices if block_plan is not None else None,
         full_index_ptr=block_plan.full_kv_indices if block_plan is not None else None,
         mod_args=tuple(mod_args), q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
+        tile_ends_ptr=tile_ends if sequences is not None else None,
         cu_seqlens_q_ptr=sequences.cu_seqlens_q if sequences is not None else None,
         cu_seqlens_k_ptr=sequences.cu_seqlens_k if sequences is not None else None,
         out_ptr=out, stride_ob=0 if sequences is not None else out.stride(0),

@@ -51,6 +51,7 @@ class Problem:
     tile_lists_ptr: Scalar
     kv_index_ptr: Scalar
     full_index_ptr: Scalar
+    tile_ends_ptr: Scalar
     cu_seqlens_q_ptr: Scalar
     cu_seqlens_k_ptr: Scalar
     BLOCK_M: gl.constexpr
@@ -67,7 +68,8 @@ class Problem:
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                  seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, tile_lists_ptr,
-                 kv_index_ptr, full_index_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M,
+                 kv_index_ptr, full_index_ptr, tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+                 BLOCK_M,
                  BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD, MASK_MOD,
                  VARLEN):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
@@ -83,6 +85,7 @@ class Problem:
         self.tile_lists_ptr = scalar(tile_lists_ptr)
         self.kv_index_ptr = scalar(kv_index_ptr)
         self.full_index_ptr = scalar(full_index_ptr)
+        self.tile_ends_ptr = scalar(tile_ends_ptr)
         self.cu_seqlens_q_ptr = scalar(cu_seqlens_q_ptr)
         self.cu_seqlens_k_ptr = scalar(cu_seqlens_k_ptr)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
@@ -98,9 +101,12 @@ class Problem:
 
     @gluon.jit
     def tile_range(self):
-        """This program's tiles are tile_ids[start:end]."""
+        """This program's tiles are tile_ids[start:end] (varlen: those holding queries)."""
         start = gl.load(self.tile_starts_ptr + gl.program_id(0))
-        end = gl.load(self.tile_starts_ptr + gl.program_id(0) + 1)
+        if self.VARLEN:
+            end = gl.load(self.tile_ends_ptr + gl.program_id(0))
+        else:
+            end = gl.load(self.tile_starts_ptr + gl.program_id(0) + 1)
         return start, end
 
     @gluon.jit
