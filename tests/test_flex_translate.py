@@ -127,13 +127,13 @@ def test_float_floor_division_follows_torch():
 
 def test_position_arithmetic_converts_positions_not_scores():
     """|q_idx - kv_idx| times a float (ALiBi) is computed from the positions converted to
-    float32 (a conversion per row and per column, exact below flex's length limit), not by
-    converting the integer tile: int-to-float conversions share the exp2 unit. Values equal
-    torch's (test_score_hook_and_derivative_equal_torch runs ALiBi and every_op)."""
+    float32 by integer and float ops (exact below flex's length limit), not by converting the
+    integer tile: int-to-float conversions share the exp2 unit. Values equal torch's
+    (test_score_hook_and_derivative_equal_torch runs ALiBi and every_op)."""
     source = translate.translate(alibi(torch.rand(HEADS)), "score_mod").source
-    assert "tl.abs(((q_idx.to(tl.float32)) - (kv_idx.to(tl.float32))))" in source
-    assert ".to(tl.float32)" not in source.replace("q_idx.to(tl.float32)", "").replace(
-        "kv_idx.to(tl.float32)", "")
+    assert ("tl.abs(((hook_ops.position_to_float(q_idx)) - "
+            "(hook_ops.position_to_float(kv_idx))))") in source
+    assert ".to(tl.float32)" not in source
     query = torch.empty(1, 1, (1 << 22) + 1, 64, dtype=torch.float16, device="meta")
     with pytest.raises(ValueError, match="sequence length"):
         tileattn.flex_attention(query, query, query)

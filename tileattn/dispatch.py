@@ -82,8 +82,8 @@ def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """The forward kernel for checked inputs (v already in the layout the call will pass):
     "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster (16-bit
     inputs except D = 64, with enough work) or is forced, and it supports the inputs;
-    "portable" otherwise. Asked only for calls the Hopper kernel can mask: no ALiBi or score
-    hook but softcap, windows with a left bound only (ops/attention.py)."""
+    "portable" otherwise. Asked only for calls the Hopper kernel can mask: softcap, ALiBi,
+    windows whose right bound is causal's or none (ops/attention.py)."""
     if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
         return "portable"
     if settings.attention == "auto" and not _sm90_preferred(q, k, causal):
@@ -111,8 +111,8 @@ def flex_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def varlen_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   max_seqlen_k: int, causal: bool, settings: Settings) -> str:
     """The kernel of an attention_varlen prefill (packed q [total_q, Hq, D], k/v [total_k,
-    Hkv, D]; no block table, ALiBi or right window bound): attention_kernel's rule, with the
-    work of total_q queries against the longest sequence's keys."""
+    Hkv, D]; no block table, a right window bound causal's or none): attention_kernel's rule,
+    with the work of total_q queries against the longest sequence's keys."""
     if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
         return "portable"
     total_q, num_q_heads, head_dim = q.shape

@@ -239,6 +239,36 @@ def test_softcap_dispatches_replays_and_differentiates_here(monkeypatch):
         assert float((got.double() - want).norm() / want.norm()) < GRAD_TOLERANCES[torch.bfloat16]
 
 
+@pytest.mark.parametrize("causal, softcap", [(True, 0.0), (False, 0.0), (True, 10.0)])
+def test_alibi_dispatches_replays_and_differentiates_here(causal, softcap, monkeypatch):
+    """attention(alibi_slopes=...) runs this kernel (the built-in ALiBi score hook, after a
+    softcap), its replay takes each call's slopes, and the backward matches fp64 autograd."""
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._CALLS.clear()
+    launched = []
+    original = sm90.attention_sm90_launch
+    monkeypatch.setattr(sm90, "attention_sm90_launch",
+                        lambda *a, **kw: launched.append(kw.get("score_mod")) or original(*a, **kw))
+    for seed in range(2):                               # the second call replays
+        q, k, v = make_inputs((2, 1000, 1300, 8, 2), 128, torch.bfloat16)
+        slopes = torch.rand(2, 8, device="cuda") * (seed + 1)
+        out, lse = tileattn.attention(q, k, v, causal=causal, softcap=softcap,
+                                      alibi_slopes=slopes, return_lse=True)
+        assert_close(out, lse, q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
+    assert len(launched) == 2 and all(hook is not None for hook in launched)
+    q, k, v = (x.detach().requires_grad_() for x in make_inputs(SHAPE, 128, torch.bfloat16))
+    slopes = torch.rand(8, device="cuda")
+    out = tileattn.attention(q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref, _ = attention_reference(q64, k64, v64, causal=causal, softcap=softcap,
+                                 alibi_slopes=slopes)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
+    for got, want in zip(grads, ref_grads):
+        assert float((got.double() - want).norm() / want.norm()) < GRAD_TOLERANCES[torch.bfloat16]
+
+
 # ---- full grid (pytest --full) -----------------------------------------------------------------
 
 @pytest.mark.full

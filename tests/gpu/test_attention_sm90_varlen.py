@@ -1,8 +1,8 @@
 """Packed (varlen) sequences on the Hopper Gluon kernel against the fp64 reference, on an sm90
 GPU: per-sequence bottom-right causal masks over unequal query and key lengths, empty
 sequences on either side, single tokens, GQA, every head-dim family, softcap and left windows;
-outputs poisoned with NaN first. Also: attention_varlen dispatches here, and not for what the
-kernel lacks (ALiBi, paged caches). Skipped elsewhere."""
+outputs poisoned with NaN first. Also: attention_varlen dispatches here, ALiBi included.
+Skipped elsewhere."""
 
 import pytest
 import torch
@@ -68,8 +68,8 @@ def test_varlen(dtype, head_dim, head_dim_v, causal, softcap, left):
 
 
 def test_attention_varlen_dispatches_here(monkeypatch):
-    """attention_varlen runs this kernel for what it has (causal, left windows, softcap), the
-    portable one for ALiBi; both agree with the reference."""
+    """attention_varlen runs this kernel for causal, left windows and ALiBi (its score hook,
+    with softcap), and agrees with the reference."""
     monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
     launched = []
     original = sm90.attention_sm90_launch
@@ -78,8 +78,9 @@ def test_attention_varlen_dispatches_here(monkeypatch):
                         or original(*a, **kw))
     q, k, v, cu_q, cu_k = _packed(128, torch.bfloat16)
     for masks in (dict(causal=True), dict(causal=True, window_size=(500, 0)),
-                  dict(alibi_slopes=torch.rand(8, device="cuda"))):
+                  dict(alibi_slopes=torch.rand(8, device="cuda")),
+                  dict(causal=True, softcap=30.0, alibi_slopes=torch.rand(7, 8, device="cuda"))):
         out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K),
                                              return_lse=True, **masks)
         _assert_close(out, lse, q, k, v, cu_q, cu_k, **dict(dict(causal=False), **masks))
-    assert launched == [True, True]
+    assert launched == [True, True, True, True]

@@ -42,8 +42,9 @@ HOOK_PARAMETERS = {
 _NOT_CONSTANT = object()
 
 
-# Positions (q_idx, kv_idx) are below this (flex/checks.py refuses longer sequences), so
-# index arithmetic of magnitude <= 2**24 is exact in float32 (EXACT_FLOAT_BOUND).
+# Positions (q_idx, kv_idx: never negative) are below this plus a tile (flex/checks.py refuses
+# longer sequences), so hook_ops.position_to_float converts them exactly and index arithmetic
+# of magnitude <= 2**24 is exact in float32 (EXACT_FLOAT_BOUND).
 POSITION_BOUND = 1 << 22
 EXACT_FLOAT_BOUND = 1 << 24
 
@@ -156,7 +157,8 @@ class EmitterBase:
         for node in self.graph_module.graph.nodes:
             if node.op == "placeholder":
                 name = next(placeholders)
-                exact = f"{name}.to(tl.float32)" if name in ("q_idx", "kv_idx") else None
+                exact = (f"hook_ops.position_to_float({name})" if name in ("q_idx", "kv_idx")
+                         else None)
                 self.values[node] = Value(name, node.meta["val"].dtype, exact_float=exact,
                                           bound=POSITION_BOUND)
             elif node.op == "get_attr":

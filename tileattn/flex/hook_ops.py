@@ -61,3 +61,11 @@ def sqrt(x):
         return tl.sqrt_rn(x)
     else:
         return tl.sqrt(x)
+
+
+@triton.jit
+def position_to_float(x):
+    """float32(x) for a position 0 <= x < 2**23 on full-rate units: 2**23 + x holds x in its
+    mantissa, so OR-ing x into 2**23's bits and subtracting 2**23 is exact (an int-to-float
+    conversion would share the special-function unit with exp2)."""
+    return (x.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0

@@ -20,7 +20,10 @@ def _tanh(x):
 @triton.jit
 def _alibi_bias(batch, head, q_idx, kv_idx, q_shift, mod_args):
     slope = tl.load(mod_args[1] + batch * mod_args[2] + head * mod_args[3])
-    return slope * tl.abs(q_idx + q_shift - kv_idx).to(tl.float32)
+    # Positions converted per row and per column, not per score (int-to-float conversions
+    # share the special-function unit with exp2); exact below 2^24 (docs/design.md, "Mods").
+    distance = (q_idx + q_shift).to(tl.float32) - kv_idx.to(tl.float32)
+    return slope * tl.abs(distance)
 
 
 @triton.jit

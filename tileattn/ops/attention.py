@@ -73,17 +73,19 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
                                            for d in (q_descale, k_descale, v_descale))
     out = torch.empty(out_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
-    # The Hopper kernel has softcap and left windows (right: causal's or none) but no ALiBi or
-    # other score hooks (yet): those calls run the portable one.
-    hopper_masks = alibi_slopes is None and (causal or window[1] == -1)
+    # The Hopper kernel has softcap, ALiBi (its score hook) and left windows; a right window
+    # bound other than causal's runs the portable one.
+    hopper_masks = causal or window[1] == -1
     kernel = (dispatch.attention_kernel(arch, q, k, v, causal, settings) if hopper_masks
               else "portable")
     with on_device(device):
         if kernel == "sm90":
             from ..kernels.attention import sm90
-            launch = sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal, softcap=cap,
-                                                window_left=window[0])
-            run_kernel = sm90.bind_attention(causal, window[0])
+            alibi = mods.alibi if alibi_slopes is not None else None
+            launch = sm90.attention_sm90_launch(
+                q, k, v, out, lse, scale, causal, softcap=cap, window_left=window[0],
+                score_mod=alibi, mod_args=masks.mod_args if alibi is not None else ())
+            run_kernel = sm90.bind_attention(causal, window[0], alibi)
         else:
             launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                           scale, causal, arch, masks=masks)
@@ -200,15 +202,18 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     sequences = fwd.Sequences(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_q=max_q, max_seqlen_k=max(max_k, 1),
                               block_table=block_table)
-    # The Hopper kernel: no paging or ALiBi yet, right window bound causal's or none.
-    hopper = (block_table is None and alibi_slopes is None and (causal or window[1] == -1)
+    # The Hopper kernel: no paging yet, right window bound causal's or none.
+    hopper = (block_table is None and (causal or window[1] == -1)
               and dispatch.varlen_kernel(arch, q, k, v, max_k, causal,
                                          dispatch.current()) == "sm90")
     with on_device(device):
         if hopper:
             from ..kernels.attention import sm90
+            alibi = mods.alibi if alibi_slopes is not None else None
             sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal, softcap=cap,
-                                       window_left=window[0], sequences=sequences).run()
+                                       window_left=window[0], sequences=sequences,
+                                       score_mod=alibi,
+                                       mod_args=masks.mod_args if alibi is not None else ()).run()
         else:
             fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, scale,
                                  causal, arch, masks=masks, sequences=sequences).run()

@@ -313,17 +313,18 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
-def bind_attention(causal: bool, window_left: int = -1):
+def bind_attention(causal: bool, window_left: int = -1, score_mod=None):
     """attention_sm90_launch as a function of its tensors and softmax scale, for the call
     cache (ops/call_cache.py): later calls skip the checks and Triton's binder
     (KernelLaunch.run's fast path keys the tensor descriptors by dtype, block shape and layout,
     as Triton specializes them); only the descriptors are rebuilt, since they hold the
-    tensors' addresses."""
+    tensors' addresses. score_mod: kernels/mods.alibi or None."""
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
             mod_args: tuple = ()) -> None:
         # The call cache's uniform replay interface: descales are None here (16-bit only);
         # mod_args are kernels/mods.builtin's, whose first entry is the softcap (0: none).
         softcap = mod_args[0] if mod_args else 0.0
         attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal, softcap=softcap,
-                              window_left=window_left).run()
+                              window_left=window_left, score_mod=score_mod,
+                              mod_args=mod_args if score_mod is not None else ()).run()
     return run
