@@ -121,11 +121,16 @@ def test_block_mask_checks(fp64_kernel_stand_in):
         flex_attention(**{**arguments, "block_mask": elsewhere})
 
 
-def test_inputs_requiring_grad_are_refused(fp64_kernel_stand_in):
-    arguments = case("causal")
+def test_fp8_inputs_requiring_grad_are_refused_and_16_bit_ones_differentiate():
+    """FP8 has no backward (TypeError naming the input); 16-bit outputs carry a gradient
+    (tests/test_flex_backward.py checks its values)."""
+    arguments = case("causal", dtype=torch.float8_e4m3fn)
     arguments["query"].requires_grad_(True)
-    with pytest.raises(ValueError, match="query requires grad"):
+    with pytest.raises(TypeError, match="query requires grad"):
         flex_attention(**arguments)
+    arguments = case("causal")
+    arguments["key"].requires_grad_(True)
+    assert flex_attention(**arguments).grad_fn is not None
 
 
 def test_cpu_without_the_interpreter_is_refused(monkeypatch, fp64_kernel_stand_in):

@@ -70,3 +70,20 @@ def test_repeat_calls_do_not_translate_again():
     hooks = translate_mods(arguments["score_mod"], arguments["block_mask"].mask_mod,
                            device=torch.device("cuda"))
     assert all(t.is_cuda for t in hooks.mod_args)
+
+
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "prefix_lm", "alibi",
+                                  "softcap", "relative_position", "no_key_rows"])
+def test_gradients_at_real_sizes(name):
+    """The CPU backward checks (tests/test_flex_backward.py) at 1000 tokens, torch's 128-wide
+    mask blocks, D=128, against fp64 autograd on the GPU."""
+    from ..test_flex_backward import check_gradients, flex_case
+    check_gradients(*flex_case(name, seqlen_q=1000, seqlen_k=1000, heads=4, block=128,
+                               head_dim=128, device="cuda"))
+
+
+def test_gradients_gqa_shared_kv_and_lse_at_real_sizes():
+    from ..test_flex_backward import check_gradients, flex_case
+    check_gradients(*flex_case("document", torch.float16, seqlen_q=777, seqlen_k=1500, heads=8,
+                               kv_heads=2, kv_batch=1, block=128, head_dim=64, device="cuda"),
+                    lse_grad=True)

@@ -35,8 +35,11 @@ def flex_inputs(query, key, value, score_mod, block_mask, scale, enable_gqa, ret
     for name, flag in (("enable_gqa", enable_gqa), ("return_lse", return_lse)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    no_grad("flex_attention", query=query, key=key, value=value, q_descale=q_descale,
-                  k_descale=k_descale, v_descale=v_descale)
+    # 16-bit inputs are differentiable (ops/flex_backward.py); FP8 inputs and descales not.
+    grad_free = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    if query.dtype in FP8_DTYPES:
+        grad_free.update(query=query, key=key, value=value)
+    no_grad("flex_attention", **grad_free)
     batch, num_q_heads, seqlen_q, head_dim = query.shape
     key_batch, num_kv_heads, seqlen_k, _ = key.shape
     longest = max(seqlen_q, seqlen_k)

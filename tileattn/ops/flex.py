@@ -29,6 +29,7 @@ from ..flex.block_mask import block_mask_tensors, largest_tile
 from ..flex.translate import translate_mods
 from ..kernels.attention import fwd
 from ..kernels.runtime import on_device
+from . import flex_backward
 from .call_cache import unit_descale
 
 
@@ -48,24 +49,36 @@ def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, retu
     if block_mask is not None:
         block_lists = block_mask_tensors(block_mask, batch=batch, num_q_heads=num_q_heads,
                                          seqlen_q=seqlen_q, seqlen_k=seqlen_k, device=device)
-    if key.shape[0] != batch:          # one K/V for every batch entry (torch allows it)
-        key = key.expand(batch, *key.shape[1:])
-        value = value.expand(batch, *value.shape[1:])
+    # One K/V for every batch entry (torch allows it): the kernels see it expanded.
+    key_all, value_all = (x.expand(batch, *x.shape[1:]) for x in (key, value))
     is_fp8 = query.dtype in FP8_DTYPES
     if is_fp8:
         q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
                                            for d in (q_descale, k_descale, v_descale))
     out_dtype = torch.bfloat16 if is_fp8 else query.dtype
-    out = torch.empty((batch, num_q_heads, seqlen_q, value.shape[3]), dtype=out_dtype,
-                      device=device)
-    lse = (torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=device)
-           if return_lse else None)
-    with on_device(device):
-        attention_with_mods(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-            out.transpose(1, 2), lse, softmax_scale=scale, score_mod=hooks.score_mod,
-            mask_mod=hooks.mask_mod, mod_args=hooks.mod_args, block_mask_tensors=block_lists,
-            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+    def run(with_lse: bool):
+        out = torch.empty((batch, num_q_heads, seqlen_q, value.shape[3]), dtype=out_dtype,
+                          device=device)
+        lse = (torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=device)
+               if with_lse else None)
+        with on_device(device):
+            attention_with_mods(
+                query.transpose(1, 2), key_all.transpose(1, 2), value_all.transpose(1, 2),
+                out.transpose(1, 2), lse, softmax_scale=scale, score_mod=hooks.score_mod,
+                mask_mod=hooks.mask_mod, mod_args=hooks.mod_args, block_mask_tensors=block_lists,
+                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        return out, lse
+
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        backward = flex_backward.backward_hooks(
+            translate_mods, score_mod, block_mask, block_lists, batch=batch,
+            num_q_heads=num_q_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale=scale,
+            device=device)
+        out, lse = flex_backward.FlexAttentionFunction.apply(query, key, value,
+                                                             lambda: run(True), backward)
+    else:
+        out, lse = run(return_lse)
     return (out, lse) if return_lse else out
 
 
