@@ -2,8 +2,8 @@
 
 Proves each row of the dK/dV and dQ tables fits that chip's shared memory (in both dQ modes),
 that sm90 runs on wgmma (too) and older chips on mma.sync, that fp32 atomics appear only in the
-default (non-deterministic) variant, and that the score hooks with their tuple argument and
-the varlen layout compile.
+default (non-deterministic) variant, and that the score hooks with their tuple argument, the
+varlen layout and flex_attention's block lists (translated hooks, 64-wide mask blocks) compile.
 """
 
 import pytest
@@ -21,7 +21,29 @@ from tileattn.kernels.compile import cross_compile
 CAPABILITY = {"sm80": (8, 0), "sm89": (8, 9), "sm90": (9, 0)}
 KERNEL_NAMES = ("preprocess", "dkdv", "finish_dq")
 
-def launches(name, width, deterministic, varlen=False, hooked=False):
+def flex_arguments(arch, width):
+    """A flex_attention backward's hooks, block lists and tiles (ops/flex_backward.py)."""
+    import dataclasses
+    from torch.nn.attention.flex_attention import create_block_mask
+    from tileattn.flex.block_mask import largest_tile
+    from tileattn.ops import flex_backward
+    doc_ids = torch.zeros(2, 256, dtype=torch.int32)
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (q_idx >= kv_idx)
+    def softcap(score, b, h, q_idx, kv_idx):
+        return 30.0 * torch.tanh(score / 30.0)
+    block_mask = create_block_mask(document_causal, 2, 1, 256, 256, device="cpu", BLOCK_SIZE=64)
+    plan = flex_backward.backward_plan(softcap, block_mask, batch=2, num_q_heads=4, seqlen_q=256,
+                                       seqlen_k=256, softmax_scale=0.1, device=torch.device("cpu"))
+    fitted = [dataclasses.replace(t, block_m=largest_tile(64, t.block_m),
+                                  block_n=largest_tile(64, t.block_n))
+              for t in (attention_bwd.dkdv_config(arch, width, width),
+                        attention_bwd.dq_config(arch, width, width))]
+    return dict(score_mod=plan.score_mod, score_mod_grad=plan.score_mod_grad,
+                mask_mod=plan.mask_mod, mod_args=plan.mod_args, block_mask=plan.block_lists,
+                dkdv_tiles=fitted[0], dq_tiles=fitted[1])
+
+def launches(name, width, deterministic, varlen=False, hooked=False, flex=False):
     arch = arch_for_capability(CAPABILITY[name])
     heads_q, heads_kv, seqlen = 4, 2, 256
     bf16 = dict(dtype=torch.bfloat16)
@@ -42,16 +64,19 @@ def launches(name, width, deterministic, varlen=False, hooked=False):
         slopes = torch.empty(heads_q)
         score_mod, score_mod_grad, mod_args = mods.builtin(30.0, slopes)
         hooks = dict(score_mod=score_mod, score_mod_grad=score_mod_grad, mod_args=mod_args)
+    bounds = dict(causal=True, window_left=100, window_right=-1)
+    if flex:
+        hooks = flex_arguments(arch, width)
+        bounds = dict(causal=False, window_left=-1, window_right=-1)
     delta, dq_accum = attention_bwd.backward_workspace(q, lse, deterministic)
     built = attention_bwd.backward_launches(
         q, k, v, out, lse, out, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-        delta, dq_accum, causal=True, softmax_scale=0.1, window_left=100, window_right=-1,
-        arch=arch, **varlen_args, **hooks)
+        delta, dq_accum, softmax_scale=0.1, arch=arch, **bounds, **varlen_args, **hooks)
     return arch, dict(zip(KERNEL_NAMES, built))
 
 def compile_case(job):
-    name, width, deterministic, varlen, hooked, kernels = job
-    arch, built = launches(name, width, deterministic, varlen, hooked)
+    name, width, deterministic, varlen, hooked, kernels, flex = job
+    arch, built = launches(name, width, deterministic, varlen, hooked, flex)
     cap = CAPABILITY[name]
     rows = []
     for kernel in kernels:
@@ -59,7 +84,7 @@ def compile_case(job):
         c = cross_compile(launch, cap[0] * 10 + cap[1])
         count = lambda pattern: len(re.findall(pattern, c.ptx))
         rows.append({"arch": name, "width": width, "deterministic": deterministic,
-                     "varlen": varlen, "hooked": hooked, "kernel": kernel,
+                     "varlen": varlen, "hooked": hooked, "flex": flex, "kernel": kernel,
                      "shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
                      "wgmma": count(r"wgmma\.mma_async"), "mma_sync": count(r"mma\.sync"),
                      "atomic_f32": count(r"(?:atom|red)\.global[\w.]*\.add[\w.]*\.f32")})
@@ -70,10 +95,13 @@ def kernels_to_compile(name, deterministic):
     kernel (the default one without its dQ product) on sm90 only, to show where atomics go."""
     return ("finish_dq",) if deterministic and name != "sm90" else KERNEL_NAMES
 
-jobs = [(name, width, deterministic, False, False, kernels_to_compile(name, deterministic))
+jobs = [(name, width, deterministic, False, False, kernels_to_compile(name, deterministic), False)
         for (name, width) in attention_bwd.DKDV_CONFIGS if name != "cpu"
         for deterministic in (False, True)]
-jobs += [("sm90", 128, deterministic, True, True, KERNEL_NAMES) for deterministic in (False, True)]
+jobs += [("sm90", 128, deterministic, True, True, KERNEL_NAMES, False)
+         for deterministic in (False, True)]
+# flex_attention's backward (deterministic dQ, as ops/flex_backward.py runs it).
+jobs += [(name, 128, True, False, True, ("dkdv", "finish_dq"), True) for name in ("sm80", "sm90")]
 with ProcessPoolExecutor(2) as pool:
     rows = [row for case in pool.map(compile_case, jobs) for row in case]
 print(json.dumps({"rows": rows}))
@@ -114,6 +142,12 @@ def test_hooks_and_varlen_compile(compiled):
     hooked = [row for row in compiled if row["hooked"] and row["varlen"]]
     assert {row["kernel"] for row in hooked} == {"preprocess", "dkdv", "finish_dq"}
     assert {row["deterministic"] for row in hooked} == {False, True}
+
+
+def test_flex_block_lists_compile(compiled):
+    flex = [row for row in compiled if row["flex"]]
+    assert {(row["arch"], row["kernel"]) for row in flex} == {
+        (arch, kernel) for arch in ("sm80", "sm90") for kernel in ("dkdv", "finish_dq")}
 
 
 def test_tuple_arguments_are_specialized_element_by_element():

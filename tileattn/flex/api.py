@@ -24,6 +24,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     Returns out [B, Hq, Sq, Dv] (bf16 for FP8 inputs, else the input dtype), and with
     return_lse=True also lse float32 [B, Hq, Sq], natural log. Rows that see no key give 0
     and lse -inf, as torch's flex_attention does.
+
+    Differentiable for fp16/bf16 inputs (query, key, value; lse too): the backward visits the
+    blocks the BlockMask lists, with score_mod's derivative translated as the functions are;
+    key/value of batch 1 get gradients summed over the batch. FP8 inputs that require grad,
+    and tensors captured by score_mod / mask_mod that require grad, are refused by name.
     """
     return flex_op.forward(query, key, value, score_mod=score_mod, block_mask=block_mask,
                            scale=scale, enable_gqa=enable_gqa, return_lse=return_lse,

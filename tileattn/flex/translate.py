@@ -105,11 +105,6 @@ def clear_cache() -> None:
     _STATS.update(traces=0, hits=0)
 
 
-def translated_source(function) -> str:
-    """The generated module source of a translated hook (its header, imports and function)."""
-    return pathlib.Path(sys.modules[function.fn.__module__].__file__).read_text()
-
-
 def _is_noop(fn, role: str) -> bool:
     from torch.nn.attention import flex_attention as torch_flex
     if role == "mask_mod":

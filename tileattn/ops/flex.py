@@ -71,12 +71,11 @@ def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, retu
         return out, lse
 
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        backward = flex_backward.backward_hooks(
-            translate_mods, score_mod, block_mask, block_lists, batch=batch,
-            num_q_heads=num_q_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k, softmax_scale=scale,
-            device=device)
+        plan = flex_backward.backward_plan(
+            score_mod, block_mask, batch=batch, num_q_heads=num_q_heads, seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k, softmax_scale=scale, device=device)
         out, lse = flex_backward.FlexAttentionFunction.apply(query, key, value,
-                                                             lambda: run(True), backward)
+                                                             lambda: run(True), plan)
     else:
         out, lse = run(return_lse)
     return (out, lse) if return_lse else out

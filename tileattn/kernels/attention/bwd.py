@@ -10,6 +10,10 @@ Launch order:
      strides; or, deterministic=True, attention_bwd_dq_kernel (attention_bwd_dq.py): dQ in a
      second pass over the keys with a fixed order of additions.
 
+With a block mask (flex_attention's BlockMask, as flex.block_mask.BlockMaskTensors with its
+transposed lists) the dQ kernel walks each query block's listed key blocks and the dK/dV
+kernel each key block's listed query blocks; the tiles must divide the mask's blocks.
+
 Pointer layouts as in attention_bwd_dkdv.py. Workspace (attention_backward allocates it,
 backward_launches takes it): delta float32 with lse's shape, contiguous; dq_accum float32
 [batch, seqlen_q, num_q_heads, head_dim] (varlen [total_q, num_q_heads, head_dim]),
@@ -172,6 +176,19 @@ def _strides(prefix: str, x: torch.Tensor | None, is_varlen: bool) -> dict[str, 
     return dict(zip((prefix + "b", prefix + "s", prefix + "h"), strides))
 
 
+def _block_list_args(block_mask, which: str) -> tuple:
+    """A block mask's partial then full lists ("kv": per query block, "q": per key block) as
+    the kernels' block_lists tuple: per list its counts, indices and their b/h/row strides."""
+    entries = []
+    for prefix in ("", "full_"):
+        counts = getattr(block_mask, f"{prefix}{which}_num_blocks")
+        indices = getattr(block_mask, f"{prefix}{which}_indices")
+        assert indices.stride(-1) == 1 or indices.shape[-1] <= 1, "contiguous block indices"
+        assert counts.dtype == indices.dtype == torch.int32
+        entries += [counts, indices, *counts.stride(), *indices.stride()[:3]]
+    return tuple(entries)
+
+
 def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
     """(delta, dq_accum) for backward_launches: delta float32 with lse's shape, contiguous;
     dq_accum float32 with q's shape, contiguous, or None when deterministic. Neither needs
@@ -186,12 +203,14 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                       softmax_scale: float, window_left: int, window_right: int,
                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                       score_mod=None, score_mod_grad=None, mask_mod=None, mod_args=(),
-                      arch: Arch, dkdv_tiles: TileConfig | None = None,
+                      block_mask=None, arch: Arch, dkdv_tiles: TileConfig | None = None,
                       dq_tiles: TileConfig | None = None) -> list[KernelLaunch]:
     """The launches of one backward, in order, for checked inputs and a workspace from
     backward_workspace (dq_accum None: the deterministic dQ kernel). dkdv_tiles / dq_tiles
-    override the config tables' rows (tests, tuning). dlse: the gradient of lse (lse's shape
-    and layout, float32), or None."""
+    override the config tables' rows (tests, tuning, tiles that divide a block mask's blocks).
+    dlse: the gradient of lse (lse's shape and layout, float32), or None. block_mask: None or
+    a flex.block_mask.BlockMaskTensors with its transposed (q_*) lists, for dense inputs
+    without causal or window bounds; mask_mod then applies in its partial blocks only."""
     is_varlen = cu_seqlens_q is not None
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
     assert all(x.stride(-1) == 1 for x in (q, k, v, out, dout, dq, dk, dv)), "contiguous last dims"
@@ -211,6 +230,15 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
         window_right = 0
     dkdv_tiles = dkdv_tiles or dkdv_config(arch, head_dim, head_dim_v)
     dq_tiles = dq_tiles or dq_config(arch, head_dim, head_dim_v)
+    block_sizes = dict(BLOCK_MASK_Q=0, BLOCK_MASK_KV=0)
+    if block_mask is not None:
+        assert not is_varlen and window_left < 0 and window_right < 0, "a block mask is literal"
+        assert block_mask.q_num_blocks is not None, "the backward needs the transposed lists"
+        block_sizes = dict(BLOCK_MASK_Q=block_mask.q_block_size,
+                           BLOCK_MASK_KV=block_mask.kv_block_size)
+        for tiles in (dkdv_tiles, dq_tiles):
+            assert (block_mask.q_block_size % tiles.block_m == 0
+                    and block_mask.kv_block_size % tiles.block_n == 0), "tiles divide the blocks"
     rows_per_program = ROWS_PER_PROGRAM.get(arch.name, DEFAULT_ROWS_PER_PROGRAM)
     atomic_dq = dq_accum is not None
     # lse and delta: [B, Hq, Sq] or packed [Hq, total_q], seqlen contiguous, same strides.
@@ -242,9 +270,10 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
     dkdv = KernelLaunch(
         attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
         dict(common, dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
-             **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen)),
+             **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen),
+             block_lists=() if block_mask is None else _block_list_args(block_mask, "q")),
         dict(head_dims, BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n,
-             IS_VARLEN=is_varlen, ATOMIC_DQ=atomic_dq, **masks),
+             IS_VARLEN=is_varlen, ATOMIC_DQ=atomic_dq, **masks, **block_sizes),
         dkdv_tiles.num_warps, dkdv_tiles.num_stages)
     if atomic_dq:
         finish_dq = KernelLaunch(
@@ -258,9 +287,10 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
     else:
         finish_dq = KernelLaunch(
             attention_bwd_dq_kernel, (triton.cdiv(seqlen_q, dq_tiles.block_m), num_q_heads, batch),
-            dict(common, dq_ptr=dq, **_strides("stride_dq", dq, is_varlen)),
+            dict(common, dq_ptr=dq, **_strides("stride_dq", dq, is_varlen),
+                 block_lists=() if block_mask is None else _block_list_args(block_mask, "kv")),
             dict(head_dims, BLOCK_M=dq_tiles.block_m, BLOCK_N=dq_tiles.block_n,
-                 IS_VARLEN=is_varlen, **masks),
+                 IS_VARLEN=is_varlen, **masks, **block_sizes),
             dq_tiles.num_warps, dq_tiles.num_stages)
     # A varlen batch whose sequences are all empty on one side has nothing to launch there.
     return [launch for launch in (preprocess, dkdv, finish_dq) if all(launch.grid)]
@@ -270,19 +300,23 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
                        dlse=None,
                        window_left: int, window_right: int, cu_seqlens_q=None, cu_seqlens_k=None,
                        max_seqlen_q=None, max_seqlen_k=None, score_mod=None, score_mod_grad=None,
-                       mask_mod=None, mod_args=(), deterministic: bool = False, arch: Arch) -> None:
+                       mask_mod=None, mod_args=(), block_mask=None, deterministic: bool = False,
+                       arch: Arch, dkdv_tiles: TileConfig | None = None,
+                       dq_tiles: TileConfig | None = None) -> None:
     """Write dq, dk, dv (preallocated, any strides with a contiguous last dim, e.g. views into
     one fused gradient buffer) for checked inputs. Allocates only its workspace (delta, and the
     fp32 dQ buffer unless deterministic). Dense: q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
     v [B, Sk, Hkv, Dv], out/dout [B, Sq, Hq, Dv], lse [B, Hq, Sq]; varlen (cu_seqlens_q/k int32
     [B + 1] and max_seqlen_q/k given): q [total_q, Hq, D], k/v [total_k, Hkv, D | Dv],
     lse [Hq, total_q]. lse float32, natural log, contiguous. window_left/right: -1 unbounded;
-    causal overrides window_right with 0."""
+    causal overrides window_right with 0. block_mask, dkdv_tiles, dq_tiles: as
+    backward_launches'."""
     delta, dq_accum = backward_workspace(q, lse, deterministic)
     for launch in backward_launches(
             q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, causal=causal, dlse=dlse,
             softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, score_mod=score_mod, score_mod_grad=score_mod_grad,
-            mask_mod=mask_mod, mod_args=mod_args, arch=arch):
+            mask_mod=mask_mod, mod_args=mod_args, block_mask=block_mask, arch=arch,
+            dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles):
         launch.run()

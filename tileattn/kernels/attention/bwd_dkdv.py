@@ -13,6 +13,9 @@ With ATOMIC_DQ the program also adds dQ = dS K (unscaled) into an fp32 buffer by
 one pass recomputes P once for all three gradients; the order of those additions is not fixed.
 Without it, attention_bwd_dq.py computes dQ in a second, deterministic kernel.
 
+With a block mask (BLOCK_MASK_KV > 0: flex_attention) the program walks the query blocks the
+mask's transposed lists give its key block instead (_dkdv_over_block_lists).
+
 Pointer layouts (element strides; last dims contiguous; varlen: no batch dim, rows of all
 sequences packed, each sequence's rows found through cu_seqlens):
     q, dout     [batch, seqlen_q, num_q_heads, head_dim | head_dim_v]   varlen [total_q, ...]
@@ -27,8 +30,8 @@ sequences packed, each sequence's rows found through cu_seqlens):
 import triton
 import triton.language as tl
 
-from .bwd_scores import (lse_in_base_2, packed_rows, recompute_probabilities,
-                                   visible_block_range)
+from .bwd_scores import (blocks_inside, listed_blocks, lse_in_base_2, packed_rows,
+                         recompute_probabilities, visible_block_range)
 from .masks import load_tile
 
 
@@ -43,9 +46,19 @@ def _dkdv_over_query_blocks(
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, MASK_MOD: tl.constexpr,
+    indices_ptr=None, BLOCK_MASK_Q: tl.constexpr = 0,
 ):
-    """Accumulate one query head's contribution from query blocks [block_start, block_end)."""
-    for start_m in tl.range(block_start, block_end, BLOCK_M):
+    """Accumulate one query head's contribution from query blocks [block_start, block_end), or
+    with BLOCK_MASK_Q > 0 from the BLOCK_M-wide steps block_start ..< block_end of a block
+    mask's list (indices_ptr, BLOCK_MASK_Q queries per listed block)."""
+    STEPS: tl.constexpr = BLOCK_MASK_Q // BLOCK_M if BLOCK_MASK_Q > 0 else 1
+    step = BLOCK_M if BLOCK_MASK_Q == 0 else 1
+    for position in tl.range(block_start, block_end, step):
+        if BLOCK_MASK_Q > 0:
+            start_m = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_Q
+                       + (position % STEPS) * BLOCK_M)
+        else:
+            start_m = position
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m[:, None].to(tl.int64)
         q = load_tile(q_base + rows * stride_qs + offs_d[None, :], offs_m < seqlen_q, offs_d < HEAD_DIM,
@@ -76,6 +89,85 @@ def _dkdv_over_query_blocks(
 
 
 @triton.jit
+def _dkdv_over_visible_range(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+    stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv,
+    first, full_start, full_end, end,
+    batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right, mod_args,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, MASK_MOD: tl.constexpr,
+):
+    """One query head's contribution from the query blocks the window bounds let the key
+    block see (visible_block_range's first, full_start, full_end, end)."""
+    # Masked blocks before the full ones (the window's right edge, or the causal diagonal),
+    # the full ones, then the masked ones after (the window's left edge, the sequence end).
+    dk, dv = _dkdv_over_query_blocks(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+        stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv, first, full_start,
+        batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right, mod_args,
+        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, True, ATOMIC_DQ,
+        BOUNDED_LEFT, BOUNDED_RIGHT, SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
+    dk, dv = _dkdv_over_query_blocks(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+        stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv, full_start,
+        full_end, batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right,
+        mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, False,
+        ATOMIC_DQ, BOUNDED_LEFT, BOUNDED_RIGHT, SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
+    dk, dv = _dkdv_over_query_blocks(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+        stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv, full_end, end,
+        batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right, mod_args,
+        HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, True, ATOMIC_DQ,
+        BOUNDED_LEFT, BOUNDED_RIGHT, SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_over_block_lists(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+    stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv,
+    block_lists, start_n, batch, head, seqlen_q, seqlen_k, softmax_scale, mod_args,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, MASK_MOD: tl.constexpr,
+    BLOCK_MASK_Q: tl.constexpr, BLOCK_MASK_KV: tl.constexpr,
+):
+    """One query head's contribution from the query blocks a block mask lists for the key
+    block (its transposed lists): partial ones with MASK_MOD, then full ones without, but
+    bounds-masked where a listed block crosses the queries' end or the key tile crosses the
+    keys' end (unmasked steps read every row they touch). Literal: no window or causal."""
+    STEPS: tl.constexpr = BLOCK_MASK_Q // BLOCK_M
+    kv_block = start_n // BLOCK_MASK_KV
+    count, indices = listed_blocks(block_lists, 0, batch, head, kv_block)
+    dk, dv = _dkdv_over_query_blocks(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
+        stride_dq_accum_s, offs_n, offs_d, offs_dv, 0, count * STEPS, batch, head, seqlen_q,
+        seqlen_k, softmax_scale, -1, -1, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+        HEAD_DIM_V_PAD, BLOCK_M, True, ATOMIC_DQ, False, False, SCORE_MOD, SCORE_MOD_GRAD,
+        MASK_MOD, indices, BLOCK_MASK_Q)
+    count, indices = listed_blocks(block_lists, 8, batch, head, kv_block)
+    inside = blocks_inside(count, indices, BLOCK_MASK_Q, seqlen_q)
+    inside = tl.where(start_n + BLOCK_N > seqlen_k, 0, inside)
+    dk, dv = _dkdv_over_query_blocks(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
+        stride_dq_accum_s, offs_n, offs_d, offs_dv, 0, inside * STEPS, batch, head, seqlen_q,
+        seqlen_k, softmax_scale, -1, -1, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+        HEAD_DIM_V_PAD, BLOCK_M, False, ATOMIC_DQ, False, False, SCORE_MOD, SCORE_MOD_GRAD,
+        None, indices, BLOCK_MASK_Q)
+    dk, dv = _dkdv_over_query_blocks(
+        dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
+        stride_dq_accum_s, offs_n, offs_d, offs_dv, inside * STEPS, count * STEPS, batch, head,
+        seqlen_q, seqlen_k, softmax_scale, -1, -1, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
+        HEAD_DIM_V_PAD, BLOCK_M, True, ATOMIC_DQ, False, False, SCORE_MOD, SCORE_MOD_GRAD, None,
+        indices, BLOCK_MASK_Q)
+    return dk, dv
+
+
+@triton.jit
 def attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_accum_ptr, dk_ptr, dv_ptr,
     cu_seqlens_q, cu_seqlens_k,
@@ -88,16 +180,20 @@ def attention_bwd_dkdv_kernel(
     stride_lse_b, stride_lse_h,
     stride_dq_accum_b, stride_dq_accum_s, stride_dq_accum_h,
     seqlen_q, seqlen_k, gqa_group_size,
-    softmax_scale, window_left, window_right, mod_args,
+    softmax_scale, window_left, window_right, mod_args, block_lists,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr, MASK_MOD: tl.constexpr,
+    BLOCK_MASK_Q: tl.constexpr = 0, BLOCK_MASK_KV: tl.constexpr = 0,
 ):
     """Grid (key blocks of the longest sequence, num_kv_heads, batch). lse and delta share
-    strides (batch stride 0 for varlen); dq_accum's batch stride is 0 for varlen."""
+    strides (batch stride 0 for varlen); dq_accum's batch stride is 0 for varlen.
+    block_lists: () or, with BLOCK_MASK_KV > 0 (mask blocks of BLOCK_MASK_Q queries x
+    BLOCK_MASK_KV keys; dense, no window), the mask's transposed partial then full lists (per
+    key block and query head, its query blocks), 8 entries each (bwd_scores.listed_blocks)."""
     start_n = tl.program_id(0) * BLOCK_N
     kv_head = tl.program_id(1)
     batch = tl.program_id(2)
@@ -120,12 +216,13 @@ def attention_bwd_dkdv_kernel(
 
     # Seen from a key, query i is visible iff key + (seqlen_q - seqlen_k) - window_right <= i
     # <= key + (seqlen_q - seqlen_k) + window_left: the query-side bounds swap the window's.
-    first, full_start, full_end, end = visible_block_range(
-        start_n, seqlen_k, seqlen_q, seqlen_q - seqlen_k, window_right, window_left,
-        BLOCK_N, BLOCK_M, BOUNDED_RIGHT, BOUNDED_LEFT)
-    if MASK_MOD is not None:   # the hook may hide any pair: every block takes the mask
-        full_start = end
-        full_end = end
+    if BLOCK_MASK_KV == 0:
+        first, full_start, full_end, end = visible_block_range(
+            start_n, seqlen_k, seqlen_q, seqlen_q - seqlen_k, window_right, window_left,
+            BLOCK_N, BLOCK_M, BOUNDED_RIGHT, BOUNDED_LEFT)
+        if MASK_MOD is not None:   # the hook may hide any pair: every block takes the mask
+            full_start = end
+            full_end = end
 
     for group_index in range(0, gqa_group_size):
         head = kv_head * gqa_group_size + group_index
@@ -138,26 +235,21 @@ def attention_bwd_dkdv_kernel(
         if ATOMIC_DQ:
             dq_base = (dq_accum_ptr + batch.to(tl.int64) * stride_dq_accum_b
                        + head.to(tl.int64) * stride_dq_accum_h + q_start * stride_dq_accum_s)
-        # Masked blocks before the full ones (the window's right edge, or the causal diagonal),
-        # the full ones, then the masked ones after (the window's left edge, the sequence end).
-        dk, dv = _dkdv_over_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_ptr + lse_offset, delta_ptr + lse_offset, dq_base,
-            stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv, first, full_start,
-            batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right, mod_args,
-            HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, True, ATOMIC_DQ,
-            BOUNDED_LEFT, BOUNDED_RIGHT, SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
-        dk, dv = _dkdv_over_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_ptr + lse_offset, delta_ptr + lse_offset, dq_base,
-            stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv, full_start,
-            full_end, batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right,
-            mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, False,
-            ATOMIC_DQ, BOUNDED_LEFT, BOUNDED_RIGHT, SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
-        dk, dv = _dkdv_over_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_ptr + lse_offset, delta_ptr + lse_offset, dq_base,
-            stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv, full_end, end,
-            batch, head, seqlen_q, seqlen_k, softmax_scale, window_left, window_right, mod_args,
-            HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, True, ATOMIC_DQ,
-            BOUNDED_LEFT, BOUNDED_RIGHT, SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
+        if BLOCK_MASK_KV > 0:
+            dk, dv = _dkdv_over_block_lists(
+                dk, dv, k, v, q_base, do_base, lse_ptr + lse_offset, delta_ptr + lse_offset,
+                dq_base, stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv,
+                block_lists, start_n, batch, head, seqlen_q, seqlen_k, softmax_scale, mod_args,
+                HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, ATOMIC_DQ,
+                SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, BLOCK_MASK_Q, BLOCK_MASK_KV)
+        else:
+            dk, dv = _dkdv_over_visible_range(
+                dk, dv, k, v, q_base, do_base, lse_ptr + lse_offset, delta_ptr + lse_offset,
+                dq_base, stride_qs, stride_dos, stride_dq_accum_s, offs_n, offs_d, offs_dv,
+                first, full_start, full_end, end, batch, head, seqlen_q, seqlen_k,
+                softmax_scale, window_left, window_right, mod_args, HEAD_DIM, HEAD_DIM_V,
+                HEAD_DIM_PAD, HEAD_DIM_V_PAD, BLOCK_M, ATOMIC_DQ, BOUNDED_LEFT, BOUNDED_RIGHT,
+                SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
     dk = dk * softmax_scale

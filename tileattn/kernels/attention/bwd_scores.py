@@ -8,6 +8,10 @@ window side that is unbounded (-1) drops its inequality, and causal is window_ri
 kernels visit only blocks holding a visible pair (work scales with the window) and skip the
 mask arithmetic on blocks that every pair of the tile sees.
 
+With a block mask (FlexAttention's BlockMask, literal: no bounds but the sequence ends) a tile
+visits the blocks the mask lists for it instead (listed_blocks): partial ones with MASK_MOD,
+full ones without, the sequence-end mask only where a block crosses an end.
+
 Hooks (SCORE_MOD / SCORE_MOD_GRAD / MASK_MOD with their mod_args tuple) are called as
     SCORE_MOD(score, batch, head, q_idx, kv_idx, q_shift, mod_args) -> fp32 modified score
     SCORE_MOD_GRAD(same arguments)                                -> fp32 d SCORE_MOD / d score
@@ -76,6 +80,28 @@ def visible_block_range(tile_start, tile_len, other_len, shift, below, above,
     full_end = tl.minimum(tl.maximum(full_end, full_start), end)
     full_end = tl.where(tile_start + TILE > tile_len, full_start, full_end)
     return first, full_start, full_end, end
+
+
+@triton.jit
+def listed_blocks(block_lists, FIRST: tl.constexpr, batch, head, row):
+    """One row of a block mask's list: (count, pointer to its first index). block_lists holds,
+    from FIRST on, the counts pointer [B, H, rows], the indices pointer [B, H, rows, width]
+    (last dim contiguous), the counts' three strides, then the indices' first three."""
+    count = tl.load(block_lists[FIRST] + batch * block_lists[FIRST + 2]
+                    + head * block_lists[FIRST + 3] + row * block_lists[FIRST + 4])
+    indices = (block_lists[FIRST + 1] + batch.to(tl.int64) * block_lists[FIRST + 5]
+               + head.to(tl.int64) * block_lists[FIRST + 6] + row.to(tl.int64) * block_lists[FIRST + 7])
+    return count, indices
+
+
+@triton.jit
+def blocks_inside(count, indices, BLOCK: tl.constexpr, length):
+    """How many of a list's count blocks (of BLOCK positions, ascending) end by length: all but
+    a last one that crosses it, which then needs the bounds mask."""
+    crosses = 0
+    if count > 0:
+        crosses = ((tl.load(indices + count - 1) + 1) * BLOCK > length).to(tl.int32)
+    return count - crosses
 
 
 @triton.jit
