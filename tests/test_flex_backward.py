@@ -1,110 +1,47 @@
 """tileattn.flex_attention's gradients (ops/flex_backward.py) against fp64 autograd through the
-user's own functions (torch's flex_attention has no CPU backward to compare with): causal,
-sliding window, document masks with captured ids, prefix-LM, ALiBi, softcap and a captured
-relative-position table; GQA, one K/V for every batch entry, Sq != Sk, odd lengths, rows that
-see no key, a gradient through lse; FP8 and captured tensors that require grad refused.
-Interpreter-sized shapes with 16- and 32-wide mask blocks. The GPU tier runs the same checks
-at real sizes (tests/gpu/test_flex_gpu.py)."""
+user's own functions (tests/flex_backward_cases.py): causal, sliding window, document masks
+with captured ids, prefix-LM, ALiBi, softcap and a captured relative-position table; GQA, one
+K/V for every batch entry, Sq != Sk, odd lengths, rows that see no key, a gradient through lse
+(with and without one through out), strided inputs, block lists that disagree with their
+mask_mod; the backward reads only the blocks the BlockMask lists; untranslatable derivatives,
+FP8 and captured tensors that require grad refused. Interpreter-sized shapes with 16- and
+32-wide mask blocks. The GPU tier runs the same checks at real sizes
+(tests/gpu/test_flex_gpu.py)."""
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_block_mask
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 import tileattn
+from tileattn.flex import emit_ops, translate
 
-from .conftest import GRAD_TOLERANCES, TOLERANCES
-from .flex_functions import (alibi, causal, doc_ids_for, document, prefix_lm, relative_position,
-                             sliding_window, softcap)
-from .flex_reference import dense_blocks
-
-
-def reference(query, key, value, score_mod, block_mask, scale=None):
-    """(out, lse) in fp64 by torch ops on the user's functions: differentiable."""
-    batch, heads, seqlen_q, head_dim = query.shape
-    groups = heads // key.shape[1]
-    key, value = (x.repeat_interleave(groups, dim=1).expand(batch, -1, -1, -1)
-                  for x in (key, value))
-    scores = query @ key.transpose(-1, -2) * (scale or head_dim ** -0.5)
-    seqlen_k = key.shape[2]
-    device = query.device
-    b = torch.arange(batch, device=device)[:, None, None, None]
-    h = torch.arange(heads, device=device)[None, :, None, None]
-    q_idx = torch.arange(seqlen_q, device=device)[None, None, :, None]
-    kv_idx = torch.arange(seqlen_k, device=device)[None, None, None, :]
-    if score_mod is not None:
-        scores = score_mod(scores, b, h, q_idx, kv_idx)
-    if block_mask is not None:
-        q_block, kv_block = block_mask.BLOCK_SIZE
-        num_kv_blocks = -(-seqlen_k // kv_block)
-
-        def elements(num_blocks, indices):
-            blocks = dense_blocks(num_blocks, indices, num_kv_blocks)
-            blocks = blocks.repeat_interleave(q_block, 2).repeat_interleave(kv_block, 3)
-            return blocks[:, :, :seqlen_q, :seqlen_k]
-        keep = block_mask.mask_mod(b, h, q_idx, kv_idx)
-        visible = (elements(block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
-                   | (elements(block_mask.kv_num_blocks, block_mask.kv_indices) & keep))
-        scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probabilities = torch.exp(scores - torch.where(lse.isinf(), 0.0, lse)[..., None])
-    return probabilities @ value, lse
+from .conftest import GRAD_TOLERANCES
+from .flex_backward_cases import NAMES, check_gradients, flex_case, reference
+from .flex_cases import case
+from .flex_functions import alibi, softcap
 
 
-def flex_case(name, dtype=torch.bfloat16, seqlen_q=70, seqlen_k=70, heads=2, kv_heads=2,
-              kv_batch=2, block=16, head_dim=64, device="cpu"):
-    """(inputs requiring grad, score_mod, block_mask) of a named case (the GPU tier's too)."""
-    gen = torch.Generator().manual_seed(len(name) + seqlen_q)
-    batch = 2
-    q = torch.randn(batch, heads, seqlen_q, head_dim, generator=gen)
-    k = torch.randn(kv_batch, kv_heads, seqlen_k, head_dim, generator=gen)
-    v = torch.randn(kv_batch, kv_heads, seqlen_k, head_dim, generator=gen)
-    slopes = torch.rand(heads, generator=gen).to(device)
-    table = torch.randn(heads, 2 * 8 + 1, generator=gen).to(device)
-    longest = max(seqlen_q, seqlen_k)
-    mods = {
-        "causal": (causal, None), "sliding_window": (sliding_window(longest // 4), None),
-        "document": (document(doc_ids_for(batch, longest, 3).to(device)), None),
-        "prefix_lm": (prefix_lm(longest // 3), None), "alibi": (causal, alibi(slopes)),
-        "softcap": (None, softcap(2.0)), "relative_position": (causal,
-                                                               relative_position(table, 8)),
-        "no_key_rows": (lambda b, h, qi, ki: (qi >= longest // 2) & (ki <= qi), None),
-    }
-    mask_mod, score_mod = mods[name]
-    block_mask = None if mask_mod is None else create_block_mask(
-        mask_mod, batch, 1, seqlen_q, seqlen_k, device=device, BLOCK_SIZE=block)
-    inputs = [x.to(device, dtype).requires_grad_()
-              for x in (q * (3 if name == "softcap" else 1), k, v)]
-    return inputs, score_mod, block_mask
-
-
-def check_gradients(inputs, score_mod, block_mask, lse_grad=False):
-    """Output and gradients (through out, and lse if lse_grad) against fp64 autograd."""
-    query, key, value = inputs
-    out, lse = tileattn.flex_attention(query, key, value, score_mod=score_mod,
-                                       block_mask=block_mask, return_lse=True,
-                                       enable_gqa=query.shape[1] != key.shape[1])
-    gen = torch.Generator().manual_seed(1)
-    grad_out = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
-    grad_lse = (torch.randn(lse.shape, generator=gen) if lse_grad
-                else torch.zeros(lse.shape)).to(lse.device)
-    finite = torch.isfinite(lse)
-    grads = torch.autograd.grad((out, lse), inputs, (grad_out, grad_lse * finite))
-    exact = [x.detach().double().requires_grad_() for x in inputs]
-    want_out, want_lse = reference(*exact, score_mod, block_mask)
-    want = torch.autograd.grad((want_out, want_lse), exact,
-                               (grad_out.double(), (grad_lse * finite).double()))
-    dtype = query.dtype
-    assert float((out.double() - want_out).norm() / want_out.norm()) < TOLERANCES[dtype]
-    for name, got, expected in zip("qkv", grads, want):
-        assert got.shape == expected.shape and got.dtype == dtype, name
-        error = float((got.double() - expected).norm() / expected.norm())
-        assert error < GRAD_TOLERANCES[dtype], (name, error)
-
-
-@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "prefix_lm", "alibi",
-                                  "softcap", "relative_position", "no_key_rows"])
+@pytest.mark.parametrize("name", NAMES)
 def test_gradients_equal_fp64_autograd(name):
     check_gradients(*flex_case(name))
+
+
+@pytest.mark.parametrize("name", ["document_alibi", "non_square_no_full_blocks",
+                                  "block_lists_only", "scale_and_lse"])
+def test_forward_cases_differentiate(name):
+    """tests/flex_cases.py's calls: (32, 16) mask blocks, lists without full blocks (and
+    without transposed ones), random block lists whose partial blocks mask_mod filters, a
+    scale and a where() score_mod."""
+    arguments = case(name)
+    if name == "non_square_no_full_blocks":      # and no transposed lists: tileattn makes them
+        given = arguments["block_mask"]
+        arguments["block_mask"] = BlockMask.from_kv_blocks(
+            given.kv_num_blocks, given.kv_indices, BLOCK_SIZE=given.BLOCK_SIZE,
+            mask_mod=given.mask_mod, seq_lengths=given.seq_lengths, compute_q_blocks=False)
+        assert arguments["block_mask"].q_num_blocks is None
+    inputs = [arguments[n].detach().requires_grad_() for n in ("query", "key", "value")]
+    check_gradients(inputs, arguments.get("score_mod"), arguments["block_mask"],
+                    scale=arguments.get("scale"))
 
 
 def test_gqa_shared_kv_odd_lengths_and_lse_gradient():
@@ -116,11 +53,64 @@ def test_gqa_shared_kv_odd_lengths_and_lse_gradient():
     check_gradients(inputs, score_mod, block_mask, lse_grad=True)
 
 
+def test_gradient_through_lse_alone_with_strided_inputs():
+    """No gradient reaches out (the backward gets dout None); q and k are [B, S, H, D] buffers
+    seen as [B, H, S, D]; (16, 32) mask blocks over Sq < Sk."""
+    inputs, score_mod, block_mask = flex_case("prefix_lm", torch.float16, seqlen_q=40,
+                                              seqlen_k=72, block=(16, 32))
+    query, key, value = (x.detach().transpose(1, 2).contiguous().transpose(1, 2)
+                         .requires_grad_() for x in inputs)
+    _, lse = tileattn.flex_attention(query, key, value, block_mask=block_mask, return_lse=True)
+    grad_lse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad(lse, (query, key), grad_lse)
+    exact = [x.detach().double().requires_grad_() for x in (query, key, value)]
+    want = torch.autograd.grad(reference(*exact, score_mod, block_mask)[1], exact[:2],
+                               grad_lse.double())
+    for name, g, w in zip("qk", got, want):
+        error = float((g.double() - w).norm() / w.norm())
+        assert error < GRAD_TOLERANCES[torch.float16], (name, error)
+
+
+def test_backward_reads_only_listed_blocks():
+    """Queries and keys of blocks the BlockMask never lists hold NaN: a backward that visited
+    them (even masked) would multiply the NaN into dk (0 · NaN) or dq."""
+    seqlen, hidden_from = 64, 48
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx < hidden_from) & (kv_idx < hidden_from) & (kv_idx <= q_idx)
+    block_mask = create_block_mask(mask_mod, 1, 1, seqlen, seqlen, device="cpu", BLOCK_SIZE=16)
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(1, 2, seqlen, 64, generator=gen).to(torch.bfloat16) for _ in range(3)]
+    for x in inputs:
+        x[:, :, hidden_from:] = float("nan")
+    inputs = [x.requires_grad_() for x in inputs]
+    out = tileattn.flex_attention(*inputs, block_mask=block_mask)
+    grads = torch.autograd.grad(out, inputs, torch.ones_like(out))
+    for name, grad in zip("qkv", grads):
+        assert not grad.isnan().any(), name
+        assert (grad[:, :, hidden_from:] == 0).all(), name
+
+
+def test_untranslatable_derivative_is_named_only_when_a_gradient_is_needed(monkeypatch):
+    """A score_mod whose derivative holds an op the emitter lacks (tanh_backward, removed here)
+    runs forward; with inputs that require grad the error names the op."""
+    monkeypatch.delattr(emit_ops.HookEmitter, "_op_tanh_backward")
+    translate.clear_cache()
+    try:
+        inputs, _, block_mask = flex_case("causal")
+        detached = [x.detach() for x in inputs]
+        tileattn.flex_attention(*detached, score_mod=softcap(2.0), block_mask=block_mask)
+        with pytest.raises(NotImplementedError, match=r"aten\.tanh_backward.*softcap_score"):
+            tileattn.flex_attention(*inputs, score_mod=softcap(2.0), block_mask=block_mask)
+    finally:
+        translate.clear_cache()
+
+
 def test_fp8_and_grad_requiring_captures_are_refused():
     inputs, _, block_mask = flex_case("causal")
     query = inputs[0].detach().float().to(torch.float8_e4m3fn)
     with pytest.raises(TypeError, match="query"):
         tileattn.flex_attention(query.requires_grad_(), query, query)
     slopes = torch.rand(2, requires_grad=True)
-    with pytest.raises(ValueError, match="requires grad"):
+    with pytest.raises(ValueError, match="'slopes' of alibi_bias.*requires grad"):
         tileattn.flex_attention(*inputs, score_mod=alibi(slopes), block_mask=block_mask)

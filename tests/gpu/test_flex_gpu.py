@@ -1,6 +1,6 @@
 """tileattn.flex_attention on a real GPU: the CPU cases at longer sequences, and torch's default
-128-wide mask blocks at real sizes, against torch's eager flex_attention in fp32. Skipped
-without CUDA or while the forward kernel with hooks is not wired."""
+128-wide mask blocks at real sizes, against torch's eager flex_attention in fp32; gradients
+against fp64 autograd (tests/flex_backward_cases.py). Skipped without CUDA."""
 
 import pytest
 import torch
@@ -11,6 +11,8 @@ from tileattn.flex.translate import cache_info, translate_mods
 from tileattn.ops import flex as flex_op
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
+from ..flex_backward_cases import NAMES as BACKWARD_NAMES
+from ..flex_backward_cases import check_gradients, flex_case
 from ..flex_cases import CASES, case, check_against_torch
 from ..flex_functions import alibi, causal, doc_ids_for, document, sliding_window, softcap
 
@@ -72,18 +74,60 @@ def test_repeat_calls_do_not_translate_again():
     assert all(t.is_cuda for t in hooks.mod_args)
 
 
-@pytest.mark.parametrize("name", ["causal", "sliding_window", "document", "prefix_lm", "alibi",
-                                  "softcap", "relative_position", "no_key_rows"])
+@pytest.mark.parametrize("name", BACKWARD_NAMES)
 def test_gradients_at_real_sizes(name):
     """The CPU backward checks (tests/test_flex_backward.py) at 1000 tokens, torch's 128-wide
     mask blocks, D=128, against fp64 autograd on the GPU."""
-    from ..test_flex_backward import check_gradients, flex_case
     check_gradients(*flex_case(name, seqlen_q=1000, seqlen_k=1000, heads=4, block=128,
                                head_dim=128, device="cuda"))
 
 
+@pytest.mark.parametrize("name", ["causal", "document", "sliding_window", "relative_position"])
+def test_gradients_at_2048_tokens_d64_fp16(name):
+    check_gradients(*flex_case(name, torch.float16, seqlen_q=2048, seqlen_k=2048, heads=4,
+                               block=128, head_dim=64, device="cuda"))
+
+
+@pytest.mark.parametrize("block", [(128, 64), (64, 128), 256], ids=str)
+def test_gradients_tiles_shrink_to_the_mask_blocks(block):
+    """Mask blocks narrower (or wider) than the backward's tiles: the dK/dV and dQ tiles
+    shrink to divide them, or walk a wide block in several steps."""
+    check_gradients(*flex_case("alibi", seqlen_q=1500, seqlen_k=1100, heads=4, block=block,
+                               head_dim=128, device="cuda"))
+
+
 def test_gradients_gqa_shared_kv_and_lse_at_real_sizes():
-    from ..test_flex_backward import check_gradients, flex_case
     check_gradients(*flex_case("document", torch.float16, seqlen_q=777, seqlen_k=1500, heads=8,
                                kv_heads=2, kv_batch=1, block=128, head_dim=64, device="cuda"),
                     lse_grad=True)
+
+
+@pytest.mark.parametrize("name", ["document_alibi", "non_square_no_full_blocks",
+                                  "block_lists_only", "scale_and_lse"])
+def test_forward_cases_differentiate_at_longer_sequences(name):
+    """tests/flex_cases.py's calls, 16- and 32-wide mask blocks, 405 tokens."""
+    arguments = case(name, device="cuda", scale_up=9)
+    inputs = [arguments[n].detach().requires_grad_() for n in ("query", "key", "value")]
+    check_gradients(inputs, arguments.get("score_mod"), arguments["block_mask"],
+                    scale=arguments.get("scale"))
+
+
+def test_backward_reads_only_listed_blocks_at_real_sizes():
+    """Queries and keys the BlockMask never lists hold NaN; their gradients stay 0 and no NaN
+    reaches the others (tests/test_flex_backward.py's check at 1024 tokens, 128 blocks)."""
+    seqlen, hidden_from = 1024, 768
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx < hidden_from) & (kv_idx < hidden_from) & (kv_idx <= q_idx)
+    block_mask = create_block_mask(mask_mod, 1, 1, seqlen, seqlen, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    inputs = [torch.randn(2, 4, seqlen, 128, device="cuda", generator=gen).bfloat16()
+              for _ in range(3)]
+    for x in inputs:
+        x[:, :, hidden_from:] = float("nan")
+    inputs = [x.requires_grad_() for x in inputs]
+    out = flex_attention(*inputs, block_mask=block_mask)
+    grads = torch.autograd.grad(out, inputs, torch.ones_like(out))
+    for name, grad in zip("qkv", grads):
+        assert not grad.isnan().any(), name
+        assert (grad[:, :, hidden_from:] == 0).all(), name
