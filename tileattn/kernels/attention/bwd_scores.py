@@ -90,7 +90,8 @@ def listed_blocks(block_lists, FIRST: tl.constexpr, batch, head, row):
     count = tl.load(block_lists[FIRST] + batch * block_lists[FIRST + 2]
                     + head * block_lists[FIRST + 3] + row * block_lists[FIRST + 4])
     indices = (block_lists[FIRST + 1] + batch.to(tl.int64) * block_lists[FIRST + 5]
-               + head.to(tl.int64) * block_lists[FIRST + 6] + row.to(tl.int64) * block_lists[FIRST + 7])
+               + head.to(tl.int64) * block_lists[FIRST + 6]
+               + row.to(tl.int64) * block_lists[FIRST + 7])
     return count, indices
 
 
