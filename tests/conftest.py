@@ -63,7 +63,7 @@ def pytest_configure(config):
 # GPU files whose cases are not tiered one by one: the first FAST_CASES cases of each test
 # function form the fast tier (every function, so every feature, still runs), the rest are full.
 AUTO_TIERED = ("test_attention_bwd_gpu.py", "test_decode_gpu.py", "test_flex_gpu.py",
-               "test_quantize_qkv_gpu.py")
+               "test_quantize_qkv_gpu.py", "test_flex_sm90.py", "test_attention_sm90_varlen.py")
 FAST_CASES = 2
 
 
