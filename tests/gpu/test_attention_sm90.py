@@ -78,6 +78,29 @@ def assert_close(out, lse, q, k, v, causal, **masks):
         < LSE_TOLERANCES[q.dtype]
 
 
+def record_launches(monkeypatch, keyword):
+    """The list that each attention_sm90_launch call appends its `keyword` argument to."""
+    launched = []
+    original = sm90.attention_sm90_launch
+    monkeypatch.setattr(sm90, "attention_sm90_launch",
+                        lambda *a, **kw: launched.append(kw.get(keyword)) or original(*a, **kw))
+    return launched
+
+
+def assert_gradients_close(q_scale, **masks):
+    """Gradients of tileattn.attention(q_scale * q, k, v, **masks) (bf16, SHAPE, D=128; the
+    portable backward kernels) against fp64 autograd of the reference."""
+    q, k, v = (x.detach().requires_grad_() for x in make_inputs(SHAPE, 128, torch.bfloat16))
+    out = tileattn.attention(q * q_scale, k, v, **masks)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref, _ = attention_reference(q64 * q_scale, k64, v64, **masks)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
+    for got, want in zip(grads, ref_grads):
+        assert float((got.double() - want).norm() / want.norm()) < GRAD_TOLERANCES[torch.bfloat16]
+
+
 def check(shape, head_dim, dtype, causal, split=None, head_dim_v=None):
     q, k, v = make_inputs(shape, head_dim, dtype, head_dim_v)
     out, lse = run_sm90(q, k, v, causal, split)
@@ -193,10 +216,7 @@ def test_window_dispatches_and_replays_here(monkeypatch):
     cached replay keeps the window; a window with a right bound and no causal mask does not."""
     monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
     attention_op._CALLS.clear()
-    launched = []
-    original = sm90.attention_sm90_launch
-    record = lambda *a, **kw: launched.append(kw.get("window_left")) or original(*a, **kw)
-    monkeypatch.setattr(sm90, "attention_sm90_launch", record)
+    launched = record_launches(monkeypatch, "window_left")
     for seed in range(3):
         q, k, v = make_inputs((2, 1000, 1000, 8, 2), 128, torch.bfloat16)
         q = q * (1 + seed)
@@ -214,10 +234,7 @@ def test_softcap_dispatches_replays_and_differentiates_here(monkeypatch):
     from tileattn.arch import arch_of
     monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
     attention_op._CALLS.clear()
-    launched = []
-    original = sm90.attention_sm90_launch
-    monkeypatch.setattr(sm90, "attention_sm90_launch",
-                        lambda *a, **kw: launched.append(kw.get("softcap")) or original(*a, **kw))
+    launched = record_launches(monkeypatch, "softcap")
     for seed, cap in ((0, 3.0), (1, 1.5), (2, 30.0)):     # one signature: the last two replay
         q, k, v = make_inputs((2, 1000, 1000, 8, 2), 128, torch.bfloat16)
         q = q * (4 + seed)
@@ -228,15 +245,7 @@ def test_softcap_dispatches_replays_and_differentiates_here(monkeypatch):
         assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
     assert launched == [3.0, 1.5, 30.0]
     assert len(attention_op._CALLS._entries) == 1
-    q, k, v = (x.detach().requires_grad_() for x in make_inputs(SHAPE, 128, torch.bfloat16))
-    out = tileattn.attention(q * 4, k, v, causal=True, softcap=2.0)
-    grad = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), grad)
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref, _ = attention_reference(q64 * 4, k64, v64, causal=True, softcap=2.0)
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
-    for got, want in zip(grads, ref_grads):
-        assert float((got.double() - want).norm() / want.norm()) < GRAD_TOLERANCES[torch.bfloat16]
+    assert_gradients_close(4.0, causal=True, softcap=2.0)
 
 
 @pytest.mark.parametrize("causal, softcap", [(True, 0.0), (False, 0.0), (True, 10.0)])
@@ -245,10 +254,7 @@ def test_alibi_dispatches_replays_and_differentiates_here(causal, softcap, monke
     softcap), its replay takes each call's slopes, and the backward matches fp64 autograd."""
     monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
     attention_op._CALLS.clear()
-    launched = []
-    original = sm90.attention_sm90_launch
-    monkeypatch.setattr(sm90, "attention_sm90_launch",
-                        lambda *a, **kw: launched.append(kw.get("score_mod")) or original(*a, **kw))
+    launched = record_launches(monkeypatch, "score_mod")
     for seed in range(2):                               # the second call replays
         q, k, v = make_inputs((2, 1000, 1300, 8, 2), 128, torch.bfloat16)
         slopes = torch.rand(2, 8, device="cuda") * (seed + 1)
@@ -256,17 +262,8 @@ def test_alibi_dispatches_replays_and_differentiates_here(causal, softcap, monke
                                       alibi_slopes=slopes, return_lse=True)
         assert_close(out, lse, q, k, v, causal, softcap=softcap, alibi_slopes=slopes)
     assert len(launched) == 2 and all(hook is not None for hook in launched)
-    q, k, v = (x.detach().requires_grad_() for x in make_inputs(SHAPE, 128, torch.bfloat16))
-    slopes = torch.rand(8, device="cuda")
-    out = tileattn.attention(q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes)
-    grad = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), grad)
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref, _ = attention_reference(q64, k64, v64, causal=causal, softcap=softcap,
-                                 alibi_slopes=slopes)
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
-    for got, want in zip(grads, ref_grads):
-        assert float((got.double() - want).norm() / want.norm()) < GRAD_TOLERANCES[torch.bfloat16]
+    assert_gradients_close(1.0, causal=causal, softcap=softcap,
+                           alibi_slopes=torch.rand(8, device="cuda"))
 
 
 # ---- full grid (pytest --full) -----------------------------------------------------------------
