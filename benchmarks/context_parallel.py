@@ -4,8 +4,8 @@ torch's context_parallel over SDPA, in one run. Run with torchrun on one host:
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 8 benchmarks/context_parallel.py
 
-and it writes `context-parallel-<gpu>.json` under --out (default $OUT, else .): evidence for
-docs/design.md, "Context parallelism", not a results grid (it needs several GPUs).
+and it writes the `context` grid, `<gpu>/context.json` under --out (default $OUT, else
+benchmarks/results in a checkout; docs/design.md, "Context parallelism").
 
 Every context-parallel size W in --worlds (default: 2, 4, 8 up to the GPUs launched) runs at
 once on the launched GPUs as world/W independent groups of W consecutive ranks (a dp x cp
@@ -27,16 +27,21 @@ rank's.
                    = L(W·L+1)/2 pairs per head, and (W·L)(W·L+1)/2 · H/W is the same number.
   local_calls_ms   the rank's own sequence of tileattn.attention calls (the ring's steps on
                    blocks of the same shapes) with no communication and no merge.
+  local_merged_ms  the same with the ring's LSE merges and final rounding: ring_ms minus this
+                   is the communication (and the argument check) that the ring does not hide.
   efficiency       = same_flops_ms / ring_ms: the fraction of one GPU's speed on the same
                    FLOPs that a rank keeps under context parallelism (1.0 is perfect).
   overlap          = local_calls_ms / ring_ms: how much of the communication and the LSE
                    merges the ring hides behind its kernels (1.0: all of it).
   torch_cp_ms      torch.distributed.tensor.experimental.context_parallel with
                    F.scaled_dot_product_attention under SDPBackend CUDNN_ATTENTION /
-                   FLASH_ATTENTION, bf16 only (torch's ring has no FP8), its default
+                   FLASH_ATTENTION (torch's flash kernel, or tileattn's in SDPA's flash slot:
+                   torch_cp_tileattn_ms), bf16 only (torch's ring has no FP8), its default
                    head-tail (= zigzag) load balancing and all-gather K/V rotation
                    (--torch-rotate alltoall for its ring).
   single_gpu_ms    tileattn.attention at L positions with H heads on one GPU (the W=1 point).
+  efficiency_vs_single = tflops_per_rank / single_gpu_tflops: weak scaling against one GPU's
+                   speed at the per-rank length (its causal L(L+1)/2 pairs per head).
 Correctness first: the ring's bf16 output is compared with torch's (same shards, same layout)
 and its FP8 output with its bf16 output; the relative L2 differences are in each row.
 """
@@ -56,9 +61,11 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import tileattn
 import tileattn.distributed as td
-from tileattn.bench.common import device_facts, gpu_slug, spin_up, write_json
+from tileattn.bench.common import device_facts, spin_up, write_results
 from tileattn.distributed.layout import block_task
+from tileattn.distributed.ring import merge_into
 
+GRID = "context"
 HEAD_DIM = 128
 TRIALS = 3
 
@@ -66,12 +73,18 @@ TRIALS = 3
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="torchrun ... benchmarks/context_parallel.py",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="folder for the JSON (default $OUT, else .)")
+    parser.add_argument("--out", default=None,
+                        help="folder for <gpu>/context.json (default $OUT, else "
+                             "benchmarks/results in a checkout)")
     parser.add_argument("--worlds", default=None, help="context-parallel sizes, e.g. 2,4,8")
     parser.add_argument("--lengths", default="32768,65536,131072", help="positions per GPU")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--dtypes", default="bf16,fp8")
-    parser.add_argument("--torch-backends", default="cudnn,flash", help="'' skips torch's CP")
+    parser.add_argument("--torch-backends", default="cudnn,flash,tileattn",
+                        help="'' skips torch's CP")
+    parser.add_argument("--backend", default="nccl",
+                        help="the process group's backend; 'cpu:gloo,cuda:nccl' runs the ring's "
+                             "argument check on the host (no GPU sync)")
     parser.add_argument("--torch-rotate", default="allgather", choices=("allgather", "alltoall"))
     return parser.parse_args(argv)
 
@@ -128,17 +141,25 @@ def random_shards(seed, length, heads, dtype):
     return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
 
-def local_calls(q, k, v, descales, cp_rank, world):
-    """The ring's per-step tileattn.attention calls on local blocks of the same shapes."""
+def local_calls(q, k, v, descales, cp_rank, world, merged=False):
+    """The ring's per-step tileattn.attention calls on local blocks of the same shapes; merged:
+    with its LSE merges and final rounding too (the ring's work without communication)."""
     v = tileattn.prepare_v(v) if descales else v  # the ring makes FP8 V K-major once too
 
     def run():
+        out = lse = None
         for step in range(world):
             task = block_task("zigzag", True, cp_rank, (cp_rank - step) % world, q.shape[1])
             if task is not None:
-                tileattn.attention(q[:, task.q_rows], k[:, task.k_rows], v[:, task.k_rows],
-                                   causal=task.causal, out_dtype=torch.float32, return_lse=True,
-                                   **descales)
+                block = tileattn.attention(q[:, task.q_rows], k[:, task.k_rows],
+                                           v[:, task.k_rows], causal=task.causal,
+                                           out_dtype=torch.float32, return_lse=True, **descales)
+                if merged and out is None:
+                    out, lse = block
+                elif merged:
+                    merge_into(out[:, task.q_rows], lse[:, :, task.q_rows], *block)
+        if merged:
+            out.to(torch.bfloat16)
     return run
 
 
@@ -148,18 +169,26 @@ def torch_context_parallel(cp_mesh, q, k, v, backend, seqlen, rotate):
     from torch.distributed.tensor.experimental._attention import set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    from tileattn.integrations import sdpa
+
+    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+              "tileattn": SDPBackend.FLASH_ATTENTION}[backend]
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, L, D]
     # context_parallel picks its load balancer from its first buffer's length: a stand-in for
     # the sequence (W·L positions), sharded in place; q, k, v are already shards.
     positions = torch.arange(seqlen, device="cuda")[None]
     set_rotate_method(rotate)
-    with torch.no_grad(), sdpa_kernel([chosen]), context_parallel(
-            cp_mesh, buffers=[positions], buffer_seq_dims=[1], no_restore_buffers={positions}):
-        def call():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out = call().transpose(1, 2)
-        milliseconds = timed_ms(call, cp_mesh.get_group())
+    if backend == "tileattn":   # torch's ring, tileattn in SDPA's flash slot for each block
+        sdpa.activate()
+    try:
+        with torch.no_grad(), sdpa_kernel([chosen]), context_parallel(
+                cp_mesh, buffers=[positions], buffer_seq_dims=[1], no_restore_buffers={positions}):
+            def call():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = call().transpose(1, 2)
+            milliseconds = timed_ms(call, cp_mesh.get_group())
+    finally:
+        sdpa.restore()
     return milliseconds, out
 
 
@@ -179,6 +208,8 @@ def measure(args, world, length, dtype, mesh, rank, row):
     row["ring_ms"] = max(row["ring_ms_per_rank"])
     row["local_calls_ms"] = statistics.median(gathered(
         timed_ms(local_calls(q, k, v, descales, cp_rank, world)), group))
+    row["local_merged_ms"] = statistics.median(gathered(
+        timed_ms(local_calls(q, k, v, descales, cp_rank, world, merged=True)), group))
     pairs_per_head = length * (world * length + 1) // 2
     row["tflops_per_rank"] = 4 * HEAD_DIM * heads * pairs_per_head / row["ring_ms"] / 1e9
     if dtype == "bf16":
@@ -205,7 +236,10 @@ def measure(args, world, length, dtype, mesh, rank, row):
     single = random_shards(3000 + rank, length, heads, dtype)
     row["single_gpu_ms"] = statistics.median(gathered(timed_ms(
         lambda: tileattn.attention(*single[:3], causal=True, **single[3])), group))
+    row["single_gpu_tflops"] = 4 * HEAD_DIM * heads * (length * (length + 1) // 2) \
+        / row["single_gpu_ms"] / 1e9
     row["efficiency"] = row["same_flops_ms"] / row["ring_ms"]
+    row["efficiency_vs_single"] = row["tflops_per_rank"] / row["single_gpu_tflops"]
     row["overlap"] = row["local_calls_ms"] / row["ring_ms"]
 
 
@@ -218,7 +252,7 @@ def main(argv=None) -> None:
         raise SystemExit("run with NCCL_NVLS_ENABLE=0 in the environment (torchrun passes it on)")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
+    dist.init_process_group(args.backend, device_id=device)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     worlds = ([int(w) for w in args.worlds.split(",")] if args.worlds
               else [w for w in (2, 4, 8) if w <= world_size and world_size % w == 0])
@@ -242,9 +276,9 @@ def main(argv=None) -> None:
     if rank == 0:
         facts = device_facts()
         payload = {**facts, "ranks": world_size, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                   "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"),
+                   "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE"), "backend": args.backend,
                    "torch_rotate": args.torch_rotate, "definitions": __doc__, "rows": rows}
-        path = write_json(f"context-parallel-{gpu_slug(facts['device'])}", payload, args.out)
+        path = write_results(GRID, payload, args.out or os.environ.get("OUT"))
         print(f"wrote {path}")
     dist.destroy_process_group()
 

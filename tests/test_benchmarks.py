@@ -18,7 +18,7 @@ from tileattn.bench import accuracy, common, flex_peer, prefill, runs
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 RESULTS = BENCHMARKS / "results"
-GRIDS = {"prefill", "mla", "accuracy", "backward", "serving", "mods", "fp8"}
+GRIDS = {"prefill", "mla", "accuracy", "backward", "serving", "mods", "fp8", "context"}
 SCRIPTS = sorted(BENCHMARKS.glob("*.py"))
 FACTS = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-24", "rows": [{"x": 1}]}
 

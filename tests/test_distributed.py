@@ -91,6 +91,33 @@ def test_merge_keeps_rows_that_saw_nothing():
     assert not out.isnan().any() and torch.isneginf(lse[..., :2]).all()
 
 
+def test_merge_kernel_on_strided_rows_equals_the_formula():
+    """The merge kernel on the ring's views (a slice of the rows of out and lse, Dv not a power
+    of two, -inf on either side or both) against torch's logaddexp formula."""
+    gen = torch.Generator().manual_seed(3)
+    out_full = torch.randn(2, 150, 3, 24, generator=gen)
+    lse_full = torch.randn(2, 3, 150, generator=gen) * 4
+    block_out = torch.randn(2, 75, 3, 24, generator=gen)
+    block_lse = torch.randn(2, 3, 75, generator=gen) * 4
+    rows = slice(75, 150)
+    lse_full[0, 1, 80:90] = -math.inf
+    out_full[0, 80:90, 1] = 0.0
+    block_lse[0, 1, 5:12], block_out[0, 5:12, 1] = -math.inf, 0.0  # rows 80..86: both empty
+    block_lse[1, 2, 30:40], block_out[1, 30:40, 2] = -math.inf, 0.0
+    merged = torch.logaddexp(lse_full[:, :, rows], block_lse)
+    reference = torch.where(torch.isneginf(merged), 0.0, merged)
+    def weight(x):
+        return torch.exp(x - reference).transpose(1, 2)[..., None]
+    expected = out_full[:, rows] * weight(lse_full[:, :, rows]) + block_out * weight(block_lse)
+    untouched = out_full[:, :75].clone(), lse_full[:, :, :75].clone()
+    merge_into(out_full[:, rows], lse_full[:, :, rows], block_out, block_lse)
+    torch.testing.assert_close(out_full[:, rows], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse_full[:, :, rows], merged, rtol=1e-6, atol=1e-6)
+    assert torch.equal(out_full[:, :75], untouched[0])
+    assert torch.equal(lse_full[:, :, :75], untouched[1])
+    assert torch.isneginf(lse_full[0, 1, 80:87]).all() and not out_full.isnan().any()
+
+
 # ---- the block backward stand-in -----------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -22,11 +22,14 @@ GROUP_DEADLINE_S = 540
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(request, tmp_path_factory):
+    """The outcomes of the cases this session selected (e.g. with -k), run by one group."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]
     store = tmp_path_factory.mktemp("nccl_group") / "store"
-    return run_group(torch.cuda.device_count(), list(distributed_gpu_cases.CASES), str(store),
-                     GROUP_DEADLINE_S, collective_timeout_s=300, device="cuda")
+    return run_group(torch.cuda.device_count(), selected, str(store), GROUP_DEADLINE_S,
+                     collective_timeout_s=300, device="cuda")
 
 
 @pytest.mark.parametrize("case", list(distributed_gpu_cases.CASES))

@@ -100,7 +100,14 @@ def _check_local(group, world_size, q, k, v, q_descale, k_descale, v_descale, ca
                  softmax_scale, needs_grad) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    # tileattn.attention's own checks; grad is handled here, by the ring's backward.
+    # First whether the group can move these tensors at all (the likelier mistake in a ring:
+    # CPU tensors on an NCCL group, CUDA ones on gloo), then tileattn.attention's own checks;
+    # grad is handled here, by the ring's backward.
+    if world_size > 1 and isinstance(q, torch.Tensor):
+        error = checks.point_to_point_error(str(torch.distributed.get_backend(group)),
+                                            q.device.type)
+        if error is not None:
+            raise ValueError(f"q, k and v are on {q.device}, but {error}")
     tensors = [x.detach() if isinstance(x, torch.Tensor) else x
                for x in (q, k, v, q_descale, k_descale, v_descale)]
     attention_checks.attention_inputs(*tensors[:3], causal, *tensors[3:], None)
@@ -118,11 +125,6 @@ def _check_local(group, world_size, q, k, v, q_descale, k_descale, v_descale, ca
     if needs_grad and q.dtype in FP8_DTYPES:
         raise ValueError(f"q, k or v requires grad, but there is no backward pass for {q.dtype} "
                          "inputs: call under torch.no_grad() or pass detached tensors")
-    if world_size > 1:
-        error = checks.point_to_point_error(str(torch.distributed.get_backend(group)),
-                                            q.device.type)
-        if error is not None:
-            raise ValueError(f"q, k and v are on {q.device}, but {error}")
 
 
 def _kernel_ready_v(v: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..kernels.lse_merge import lse_merge_launch
+from ..kernels.runtime import on_device
+
 
 def _dense_order(x: torch.Tensor) -> list[int] | None:
     """A permutation of x's dims under which x is contiguous (x is dense in memory, e.g. a
@@ -85,15 +88,11 @@ class Ring:
 def merge_into(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
                block_lse: torch.Tensor) -> None:
     """out, lse <- the softmax-weighted union of (out, lse) and (block_out, block_lse), in
-    place, in fp32: out = Σ exp(lse_i - lse) out_i with lse = logsumexp(lse_i).
+    place, in fp32: out = Σ exp(lse_i - lse) out_i with lse = logaddexp(lse_i), one kernel
+    (kernels/lse_merge.py).
 
     out/block_out [B, S, H, D] and lse/block_lse [B, H, S] fp32 (natural log). A row that no
-    key reached has lse -inf and output 0 on both sides and keeps them (no NaN): its weights
-    are taken against 0 instead of -inf.
+    key reached has lse -inf and output 0 on both sides and keeps them (no NaN).
     """
-    merged = torch.logaddexp(lse, block_lse)
-    reference = torch.where(torch.isneginf(merged), 0.0, merged)
-    weight = torch.exp(lse - reference).transpose(1, 2).unsqueeze(-1)
-    block_weight = torch.exp(block_lse - reference).transpose(1, 2).unsqueeze(-1)
-    out.mul_(weight).add_(block_out * block_weight)
-    lse.copy_(merged)
+    with on_device(out.device):
+        lse_merge_launch(out, lse, block_out, block_lse).run()
