@@ -180,6 +180,8 @@ def _bench(args) -> None:
             kwargs["head_dims"] = tuple(args.head_dims)
         if args.contexts:
             kwargs["contexts"] = tuple(args.contexts)
+        if args.peers:
+            kwargs["peers"] = tuple(args.peers)
         prefill.run(out_dir=args.out, quick=args.quick, **kwargs)
 
 
@@ -253,6 +255,9 @@ def main(argv=None) -> None:
     bench.add_argument("--out", default=None, help=results_help)
     bench.add_argument("--head-dims", type=int, nargs="+", help="a subset of the grid's head dims")
     bench.add_argument("--contexts", type=int, nargs="+", help="a subset of the grid's contexts")
+    bench.add_argument("--peers", nargs="+", choices=("cudnn", "fa2", "flex", "fa4"),
+                       help="a subset of the peers (default all that can run: cudnn, fa2, "
+                            "flex, fa4)")
     accuracy = commands.add_parser("accuracy", help="error table per dtype vs fp64")
     accuracy.add_argument("--out", default=None, help=results_help)
     accuracy.add_argument("--head-dims", type=int, nargs="+", help="a subset of 64 128 256")

@@ -71,6 +71,16 @@ def _flex():
     return run
 
 
+def _fa4():
+    """FlashAttention-4's bf16 forward (CuTe DSL, on Hopper too), [B, N, H, D]. Optional: its
+    wheels travel as ../shared/BENCHMARKS.md says."""
+    from flash_attn.cute.interface import flash_attn_func
+
+    def run(q, k, v, causal):
+        return flash_attn_func(q, k, v, causal=causal)[0]
+    return run
+
+
 def _cudnn_fp8():
     """cuDNN's FP8 attention through cudnn-frontend (e4m3 in and out, per-tensor scales).
 
@@ -166,8 +176,12 @@ def _tileattn(dtype_name):
     return prepare
 
 
-def providers():
-    """(impl, dtype) -> (prepare inputs, run). Peers that cannot run here are left out."""
+PEERS = ("cudnn", "fa2", "flex", "fa4")
+
+
+def providers(peers=PEERS):
+    """(impl, dtype) -> (prepare inputs, run): tileattn's columns and those of `peers` that can
+    run here (the others are left out, with the reason printed)."""
     from torch.nn.attention import SDPBackend
     table = {}
     for name in (*TILEATTN_DTYPES, "fp8e4m3-vT"):
@@ -177,18 +191,22 @@ def providers():
     # foundation issue's bars are about the portable kernel).
     table[("tileattn", "bf16-portable")] = (_tileattn("bf16-portable"), _portable_attention)
     bf16 = _tileattn("bf16")
-    table[("cudnn", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal))
-    table[("fa2", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal))
-    try:
-        cudnn_fp8 = _cudnn_fp8()
-        table[("cudnn", "fp8e4m3")] = (_tileattn("fp8e4m3"), lambda q, k, v, causal, **d: cudnn_fp8(q, k, v, causal, **d))
-    except Exception as error:  # noqa: BLE001 - the wheel is optional (benchmarks/README.md)
-        print(f"cudnn-frontend FP8 unavailable: {type(error).__name__}: {error}")
-    try:
-        flex = _flex()
-        table[("flex", "bf16")] = (bf16, lambda q, k, v, causal: flex(q, k, v, causal))
-    except Exception as error:  # noqa: BLE001 - report and go on without the peer
-        print(f"flex attention unavailable: {error}")
+    if "cudnn" in peers:
+        table[("cudnn", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, causal))
+        try:
+            cudnn_fp8 = _cudnn_fp8()
+            table[("cudnn", "fp8e4m3")] = (_tileattn("fp8e4m3"), lambda q, k, v, causal, **d: cudnn_fp8(q, k, v, causal, **d))
+        except Exception as error:  # noqa: BLE001 - the wheel is optional (benchmarks/README.md)
+            print(f"cudnn-frontend FP8 unavailable: {type(error).__name__}: {error}")
+    if "fa2" in peers:
+        table[("fa2", "bf16")] = (bf16, lambda q, k, v, causal: _sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal))
+    optional = {"flex": _flex, "fa4": _fa4}
+    for name in [p for p in peers if p in optional]:
+        try:
+            peer = optional[name]()
+            table[(name, "bf16")] = (bf16, lambda q, k, v, causal, peer=peer: peer(q, k, v, causal))
+        except Exception as error:  # noqa: BLE001 - report and go on without the peer
+            print(f"{name} unavailable: {type(error).__name__}: {error}")
     return table
 
 
@@ -205,15 +223,16 @@ def _yardstick(table, q, k, v, causal):
     raise RuntimeError("no bf16 peer could run to check results against")
 
 
-def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS) -> dict:
+def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS, peers=PEERS) -> dict:
     """Time the grid (or the subset asked for) and write its results file and plot
-    (common.write_results: a subset writes prefill-partial.json)."""
+    (common.write_results: a subset, or fewer peers, writes prefill-partial.json)."""
     device = torch.device("cuda")
     facts = device_facts(device)
-    table = providers()
+    table = providers(peers)
     if quick:
         head_dims, contexts = (128,), (1024, 4096)
-    complete = tuple(head_dims) == HEAD_DIMS and tuple(contexts) == CONTEXTS
+    complete = (tuple(head_dims) == HEAD_DIMS and tuple(contexts) == CONTEXTS
+                and set(peers) == set(PEERS))
     points = [(d, c, n) for d in head_dims for c in (False, True) for n in contexts]
     rows = []
     progress = Progress(len(points) * len(table), "prefill")
@@ -306,7 +325,7 @@ def merge_by_head_dim(payloads: list[dict]) -> dict:
 
 README_COLUMNS = (("tileattn", "bf16"), ("tileattn", "bf16-portable"), ("tileattn", "fp8e4m3"),
                   ("tileattn", "fp8e4m3-vT"), ("cudnn", "bf16"), ("cudnn", "fp8e4m3"),
-                  ("fa2", "bf16"), ("flex", "bf16"))
+                  ("fa2", "bf16"), ("fa4", "bf16"), ("flex", "bf16"))
 
 
 def format_markdown(payload: dict, contexts=(1024, 4096, 16384)) -> str:
