@@ -109,3 +109,21 @@ def check_gradients(inputs, score_mod, block_mask, lse_grad=False, scale=None):
         assert got.shape == expected.shape and got.dtype == dtype, name
         error = float((got.double() - expected).norm() / expected.norm())
         assert error < GRAD_TOLERANCES[dtype], (name, error)
+
+
+def check_compiled_step(inputs, score_mod, block_mask):
+    """Under torch.compile the flex call is a graph break (ops/flex.py): a compiled step around
+    it gives eager's loss and gradients exactly."""
+    def step(q, k, v):
+        out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        weights = torch.linspace(-1, 1, out.shape[-1], device=out.device)
+        return (out.float() * weights).sum()
+
+    results = []
+    for run in (step, torch.compile(step, backend="aot_eager")):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        loss = run(*leaves)
+        loss.backward()
+        results.append([loss.detach(), *(x.grad for x in leaves)])
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)

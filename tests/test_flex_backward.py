@@ -16,7 +16,8 @@ import tileattn
 from tileattn.flex import emit_ops, translate
 
 from .conftest import GRAD_TOLERANCES
-from .flex_backward_cases import NAMES, check_gradients, flex_case, reference
+from .flex_backward_cases import (NAMES, check_compiled_step, check_gradients, flex_case,
+                                  reference)
 from .flex_cases import case
 from .flex_functions import alibi, softcap
 
@@ -42,6 +43,10 @@ def test_forward_cases_differentiate(name):
     inputs = [arguments[n].detach().requires_grad_() for n in ("query", "key", "value")]
     check_gradients(inputs, arguments.get("score_mod"), arguments["block_mask"],
                     scale=arguments.get("scale"))
+
+
+def test_inside_torch_compile_forward_and_backward_equal_eager():
+    check_compiled_step(*flex_case("alibi"))
 
 
 def test_gqa_shared_kv_odd_lengths_and_lse_gradient():

@@ -12,7 +12,7 @@ from tileattn.ops import flex as flex_op
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
 from ..flex_backward_cases import NAMES as BACKWARD_NAMES
-from ..flex_backward_cases import check_gradients, flex_case
+from ..flex_backward_cases import check_compiled_step, check_gradients, flex_case
 from ..flex_cases import CASES, case, check_against_torch
 from ..flex_functions import alibi, causal, doc_ids_for, document, sliding_window, softcap
 
@@ -80,6 +80,11 @@ def test_gradients_at_real_sizes(name):
     mask blocks, D=128, against fp64 autograd on the GPU."""
     check_gradients(*flex_case(name, seqlen_q=1000, seqlen_k=1000, heads=4, block=128,
                                head_dim=128, device="cuda"))
+
+
+def test_inside_torch_compile_at_real_sizes():
+    check_compiled_step(*flex_case("document", seqlen_q=1000, seqlen_k=1000, heads=4, block=128,
+                                   head_dim=128, device="cuda"))
 
 
 @pytest.mark.parametrize("name", ["causal", "document", "sliding_window", "relative_position"])

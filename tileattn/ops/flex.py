@@ -33,6 +33,10 @@ from . import flex_backward
 from .call_cache import unit_descale
 
 
+# Under torch.compile the call is a graph break: dynamo cannot trace the translation of Python
+# callables nor the kernels' launch path (the interpreter's on a CPU), so the op runs eagerly
+# between compiled graphs, its autograd node included.
+@torch.compiler.disable
 def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, return_lse,
             q_descale, k_descale, v_descale):
     """flex_attention()'s implementation."""
