@@ -115,7 +115,8 @@ def check_compiled_step(inputs, score_mod, block_mask):
     """Under torch.compile the flex call is a graph break (ops/flex.py): a compiled step around
     it gives eager's loss and gradients exactly."""
     def step(q, k, v):
-        out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        out = tileattn.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                      enable_gqa=q.shape[1] != k.shape[1])
         weights = torch.linspace(-1, 1, out.shape[-1], device=out.device)
         return (out.float() * weights).sum()
 
