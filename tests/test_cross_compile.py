@@ -83,7 +83,31 @@ def flex_fp8_case(cap, block_q, block_kv):
 
 flex_fp8 = [dict(cap=list(cap), block_q=bq, block_kv=bk, **flex_fp8_case(cap, bq, bk))
             for cap in ((8, 9), (9, 0)) for bq, bk in ((16, 16), (32, 16), (64, 32))]
-print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "flex_fp8": flex_fp8}))
+
+def paged_case(cap, dtype):
+    """Packed queries over a paged cache (pages of 16 keys), causal: the portable kernel's
+    paged key loop, whose rows come from the block table."""
+    from tileattn.kernels.attention.fwd import Sequences
+    arch = arch_for_capability(cap)
+    q = torch.empty(300, 4, 128, dtype=dtype)
+    k = torch.empty(40, 16, 2, 128, dtype=dtype)
+    v = torch.empty_like(k)
+    out = torch.empty(300, 4, 128, dtype=torch.bfloat16)
+    cu_seqlens = torch.tensor([0, 100, 300], dtype=torch.int32)
+    sequences = Sequences(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=200,
+                          max_seqlen_k=200, block_table=torch.zeros(2, 20, dtype=torch.int32))
+    descale = torch.ones(()) if dtype.itemsize == 1 else None
+    launch = attention_launch(q, k, v, out, None, descale, descale, descale, 0.1, True, arch,
+                              sequences=sequences)
+    c = cross_compile(launch, cap[0] * 10 + cap[1])
+    return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
+            "mma": len(re.findall(r"wgmma\.mma_async|mma\.sync", c.ptx))}
+
+paged = [dict(cap=list(cap), dtype=str(dtype), **paged_case(cap, dtype))
+         for cap, dtype in (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
+                            ((9, 0), torch.bfloat16), ((9, 0), torch.float8_e4m3fn))]
+print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "flex_fp8": flex_fp8,
+                  "paged": paged}))
 '''
 
 
@@ -138,3 +162,11 @@ def test_k_major_fp8_v_is_loaded_asynchronously(compiled):
     k_major, row_major = compiled["fp8_layouts"]["True"], compiled["fp8_layouts"]["False"]
     assert k_major["cp_async"] >= 2 * row_major["cp_async"] - 8
     assert k_major["st_shared"] * 4 < row_major["st_shared"]
+
+
+def test_paged_prefill_compiles_for_every_chip(compiled):
+    """The paged key loop (varlen over a block table) shares its loop with contiguous and
+    listed keys (fwd_loops.py): each variant must keep compiling for the chips it runs on."""
+    assert len(compiled["paged"]) == 4
+    for row in compiled["paged"]:
+        assert row["shared"] <= row["limit"] and row["mma"] > 0, row

@@ -41,8 +41,8 @@ def attend_key_blocks(
     v_ptrs = (v_base + (start + offs_n)[:, None].to(tl.int64) * stride_vs
               + offs_dv[None, :] * stride_vd)
     # Listed blocks: each block's pointers are one scalar offset from key 0's (loop-invariant).
-    k_rows = offs_n[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
-    v_rows = offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
+    k_block = offs_n[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
+    v_block = offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
     for position in tl.range(start, end, step):
         if BLOCK_MASK_KV > 0:
             start_n = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_KV
@@ -60,8 +60,8 @@ def attend_key_blocks(
             k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
             v_ptrs = v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd
         elif BLOCK_MASK_KV > 0:
-            k_ptrs = k_base + start_n.to(tl.int64) * stride_ks + k_rows
-            v_ptrs = v_base + start_n.to(tl.int64) * stride_vs + v_rows
+            k_ptrs = k_base + start_n.to(tl.int64) * stride_ks + k_block
+            v_ptrs = v_base + start_n.to(tl.int64) * stride_vs + v_block
         k = load_tile(k_ptrs, key_ok, offs_d < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)
         qk = tl.dot(q, tl.trans(k))
         block_scale = qk_scale
