@@ -106,8 +106,34 @@ def paged_case(cap, dtype):
 paged = [dict(cap=list(cap), dtype=str(dtype), **paged_case(cap, dtype))
          for cap, dtype in (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
                             ((9, 0), torch.bfloat16), ((9, 0), torch.float8_e4m3fn))]
+
+
+def serving_masks_case(cap, dtype):
+    """Packed (unpaged) sequences under a two-sided window, softcap and ALiBi: the portable
+    forward's score hooks and window bounds, as attention_varlen() builds them (packed FP8 V
+    stays row-major: docs/design.md, "Serving masks and varlen/paged prefill")."""
+    from tileattn.kernels.attention.fwd import Sequences
+    from tileattn.ops.attention import masks_for
+    arch = arch_for_capability(cap)
+    q = torch.empty(300, 4, 128, dtype=dtype)
+    k, v = torch.empty(300, 2, 128, dtype=dtype), torch.empty(300, 2, 128, dtype=dtype)
+    out = torch.empty(300, 4, 128, dtype=torch.bfloat16)
+    cu_seqlens = torch.tensor([0, 100, 300], dtype=torch.int32)
+    sequences = Sequences(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=200,
+                          max_seqlen_k=200)
+    masks = masks_for(False, (64, 32), 30.0, torch.ones(4))
+    descale = torch.ones(()) if dtype.itemsize == 1 else None
+    launch = attention_launch(q, k, v, out, torch.empty(4, 300), descale, descale, descale, 0.1,
+                              False, arch, masks=masks, sequences=sequences)
+    c = cross_compile(launch, cap[0] * 10 + cap[1])
+    return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
+            "mma": len(re.findall(r"wgmma\.mma_async|mma\.sync", c.ptx))}
+
+serving = [dict(cap=list(cap), dtype=str(dtype), **serving_masks_case(cap, dtype))
+           for cap, dtype in (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
+                              ((9, 0), torch.bfloat16), ((9, 0), torch.float8_e4m3fn))]
 print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "flex_fp8": flex_fp8,
-                  "paged": paged}))
+                  "paged": paged, "serving": serving}))
 '''
 
 
@@ -169,4 +195,12 @@ def test_paged_prefill_compiles_for_every_chip(compiled):
     listed keys (fwd_loops.py): each variant must keep compiling for the chips it runs on."""
     assert len(compiled["paged"]) == 4
     for row in compiled["paged"]:
+        assert row["shared"] <= row["limit"] and row["mma"] > 0, row
+
+
+def test_serving_masks_compile_for_every_chip(compiled):
+    """Packed sequences under a two-sided window, softcap and ALiBi (the portable kernel's score
+    hooks and window bounds) compile for the chips they run on."""
+    assert len(compiled["serving"]) == 4
+    for row in compiled["serving"]:
         assert row["shared"] <= row["limit"] and row["mma"] > 0, row
