@@ -84,56 +84,39 @@ def flex_fp8_case(cap, block_q, block_kv):
 flex_fp8 = [dict(cap=list(cap), block_q=bq, block_kv=bk, **flex_fp8_case(cap, bq, bk))
             for cap in ((8, 9), (9, 0)) for bq, bk in ((16, 16), (32, 16), (64, 32))]
 
-def paged_case(cap, dtype):
-    """Packed queries over a paged cache (pages of 16 keys), causal: the portable kernel's
-    paged key loop, whose rows come from the block table."""
+def packed_case(cap, dtype, *, paged, causal=False, masks=None):
+    """Packed queries (two sequences of 100 and 200) over packed or paged K/V (pages of 16
+    keys): the portable kernel's varlen and paged key loops, as attention_varlen() builds
+    them (packed FP8 V stays row-major: docs/design.md, "Serving masks and varlen/paged
+    prefill")."""
     from tileattn.kernels.attention.fwd import Sequences
     arch = arch_for_capability(cap)
     q = torch.empty(300, 4, 128, dtype=dtype)
-    k = torch.empty(40, 16, 2, 128, dtype=dtype)
+    k = torch.empty((40, 16, 2, 128) if paged else (300, 2, 128), dtype=dtype)
     v = torch.empty_like(k)
     out = torch.empty(300, 4, 128, dtype=torch.bfloat16)
     cu_seqlens = torch.tensor([0, 100, 300], dtype=torch.int32)
     sequences = Sequences(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=200,
-                          max_seqlen_k=200, block_table=torch.zeros(2, 20, dtype=torch.int32))
-    descale = torch.ones(()) if dtype.itemsize == 1 else None
-    launch = attention_launch(q, k, v, out, None, descale, descale, descale, 0.1, True, arch,
-                              sequences=sequences)
-    c = cross_compile(launch, cap[0] * 10 + cap[1])
-    return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
-            "mma": len(re.findall(r"wgmma\.mma_async|mma\.sync", c.ptx))}
-
-paged = [dict(cap=list(cap), dtype=str(dtype), **paged_case(cap, dtype))
-         for cap, dtype in (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
-                            ((9, 0), torch.bfloat16), ((9, 0), torch.float8_e4m3fn))]
-
-
-def serving_masks_case(cap, dtype):
-    """Packed (unpaged) sequences under a two-sided window, softcap and ALiBi: the portable
-    forward's score hooks and window bounds, as attention_varlen() builds them (packed FP8 V
-    stays row-major: docs/design.md, "Serving masks and varlen/paged prefill")."""
-    from tileattn.kernels.attention.fwd import Sequences
-    from tileattn.ops.attention import masks_for
-    arch = arch_for_capability(cap)
-    q = torch.empty(300, 4, 128, dtype=dtype)
-    k, v = torch.empty(300, 2, 128, dtype=dtype), torch.empty(300, 2, 128, dtype=dtype)
-    out = torch.empty(300, 4, 128, dtype=torch.bfloat16)
-    cu_seqlens = torch.tensor([0, 100, 300], dtype=torch.int32)
-    sequences = Sequences(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=200,
-                          max_seqlen_k=200)
-    masks = masks_for(False, (64, 32), 30.0, torch.ones(4))
+                          max_seqlen_k=200,
+                          block_table=torch.zeros(2, 20, dtype=torch.int32) if paged else None)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
     launch = attention_launch(q, k, v, out, torch.empty(4, 300), descale, descale, descale, 0.1,
-                              False, arch, masks=masks, sequences=sequences)
+                              causal, arch, masks=masks, sequences=sequences)
     c = cross_compile(launch, cap[0] * 10 + cap[1])
-    return {"shared": c.shared_bytes, "limit": arch.shared_memory_bytes,
+    return {"cap": list(cap), "dtype": str(dtype), "shared": c.shared_bytes,
+            "limit": arch.shared_memory_bytes,
             "mma": len(re.findall(r"wgmma\.mma_async|mma\.sync", c.ptx))}
 
-serving = [dict(cap=list(cap), dtype=str(dtype), **serving_masks_case(cap, dtype))
-           for cap, dtype in (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
-                              ((9, 0), torch.bfloat16), ((9, 0), torch.float8_e4m3fn))]
+from tileattn.ops.attention import masks_for
+PACKED_CHIPS = (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
+                ((9, 0), torch.bfloat16), ((9, 0), torch.float8_e4m3fn))
+# Paged and causal; packed under a two-sided window, softcap and ALiBi (the score hooks).
+packed = [packed_case(cap, dtype, paged=True, causal=True) for cap, dtype in PACKED_CHIPS]
+packed += [packed_case(cap, dtype, paged=False, masks=masks_for(False, (64, 32), 30.0,
+                                                                torch.ones(4)))
+           for cap, dtype in PACKED_CHIPS]
 print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "flex_fp8": flex_fp8,
-                  "paged": paged, "serving": serving}))
+                  "packed": packed}))
 '''
 
 
@@ -190,17 +173,11 @@ def test_k_major_fp8_v_is_loaded_asynchronously(compiled):
     assert k_major["st_shared"] * 4 < row_major["st_shared"]
 
 
-def test_paged_prefill_compiles_for_every_chip(compiled):
-    """The paged key loop (varlen over a block table) shares its loop with contiguous and
-    listed keys (fwd_loops.py): each variant must keep compiling for the chips it runs on."""
-    assert len(compiled["paged"]) == 4
-    for row in compiled["paged"]:
-        assert row["shared"] <= row["limit"] and row["mma"] > 0, row
-
-
-def test_serving_masks_compile_for_every_chip(compiled):
-    """Packed sequences under a two-sided window, softcap and ALiBi (the portable kernel's score
-    hooks and window bounds) compile for the chips they run on."""
-    assert len(compiled["serving"]) == 4
-    for row in compiled["serving"]:
+def test_packed_and_paged_prefill_compile_for_every_chip(compiled):
+    """The varlen and paged key loops share their loop with contiguous and listed keys
+    (fwd_loops.py); paged prefill, and packed sequences under a two-sided window, softcap and
+    ALiBi, must keep compiling for the chips they run on (the interpreter does not type
+    loop-carried values, so only a compile catches a clash there)."""
+    assert len(compiled["packed"]) == 8
+    for row in compiled["packed"]:
         assert row["shared"] <= row["limit"] and row["mma"] > 0, row
