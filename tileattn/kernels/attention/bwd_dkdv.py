@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .bwd_scores import (blocks_inside, listed_blocks, lse_in_base_2, packed_rows,
                          recompute_probabilities, visible_block_range)
-from .masks import load_tile
+from .masks import load_tile, step_start
 
 
 @triton.jit
@@ -51,14 +51,9 @@ def _dkdv_over_query_blocks(
     """Accumulate one query head's contribution from query blocks [block_start, block_end), or
     with BLOCK_MASK_Q > 0 from the BLOCK_M-wide steps block_start ..< block_end of a block
     mask's list (indices_ptr, BLOCK_MASK_Q queries per listed block)."""
-    STEPS: tl.constexpr = BLOCK_MASK_Q // BLOCK_M if BLOCK_MASK_Q > 0 else 1
     step = BLOCK_M if BLOCK_MASK_Q == 0 else 1
     for position in tl.range(block_start, block_end, step):
-        if BLOCK_MASK_Q > 0:
-            start_m = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_Q
-                       + (position % STEPS) * BLOCK_M)
-        else:
-            start_m = position
+        start_m = step_start(position, indices_ptr, BLOCK_M, BLOCK_MASK_Q)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m[:, None].to(tl.int64)
         q = load_tile(q_base + rows * stride_qs + offs_d[None, :], offs_m < seqlen_q, offs_d < HEAD_DIM,

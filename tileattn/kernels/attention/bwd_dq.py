@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .bwd_scores import (blocks_inside, listed_blocks, lse_in_base_2, packed_rows,
                          recompute_probabilities, visible_block_range)
-from .masks import load_tile
+from .masks import load_tile, step_start
 
 
 @triton.jit
@@ -36,14 +36,9 @@ def _dq_over_key_blocks(
     """Accumulate dQ over key blocks [block_start, block_end), or with BLOCK_MASK_KV > 0 over
     the BLOCK_N-wide steps block_start ..< block_end of a block mask's list (indices_ptr,
     BLOCK_MASK_KV keys per listed block)."""
-    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N if BLOCK_MASK_KV > 0 else 1
     step = BLOCK_N if BLOCK_MASK_KV == 0 else 1
     for position in tl.range(block_start, block_end, step):
-        if BLOCK_MASK_KV > 0:
-            start_n = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_KV
-                       + (position % STEPS) * BLOCK_N)
-        else:
-            start_n = position
+        start_n = step_start(position, indices_ptr, BLOCK_N, BLOCK_MASK_KV)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = offs_n[:, None].to(tl.int64)
         k = load_tile(k_base + keys * stride_ks + offs_d[None, :], offs_n < seqlen_k, offs_d < HEAD_DIM,

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..softmax import online_softmax_step
-from .masks import load_tile, paged_rows, visible
+from .masks import load_tile, paged_rows, step_start, visible
 
 _LOG2_E = tl.constexpr(1.4426950408889634)
 _LN_2 = tl.constexpr(0.6931471805599453)
@@ -33,7 +33,6 @@ def attend_key_blocks(
     qk_scale: softmax scale in base 2 with the descales of a tile; with K_DESCALE_BLOCK > 0
     each key block also multiplies it by its k descale (k_descale_row: this (batch, kv head)'s
     row of a block descale, K_DESCALE_BLOCK keys per entry, stride_k_descale_t apart)."""
-    STEPS: tl.constexpr = BLOCK_MASK_KV // BLOCK_N if BLOCK_MASK_KV > 0 else 1
     step = BLOCK_N if BLOCK_MASK_KV == 0 else 1
     # Contiguous keys in range order: pointers advance by a block each step (no per-row
     # address arithmetic in the loop); listed or paged keys: each block's rows are computed.
@@ -44,11 +43,7 @@ def attend_key_blocks(
     k_block = offs_n[:, None].to(tl.int64) * stride_ks + offs_d[None, :]
     v_block = offs_n[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
     for position in tl.range(start, end, step):
-        if BLOCK_MASK_KV > 0:
-            start_n = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK_KV
-                       + (position % STEPS) * BLOCK_N)
-        else:
-            start_n = position
+        start_n = step_start(position, indices_ptr, BLOCK_N, BLOCK_MASK_KV)
         cols = start_n + offs_n
         key_ok = cols < seqlen_k
         if PAGE_SIZE > 0:

@@ -74,6 +74,19 @@ def paged_rows(block_table_row, start_n, offs_n, seqlen_k, num_pages, stride_pag
 
 
 @triton.jit
+def step_start(position, indices_ptr, BLOCK: tl.constexpr, BLOCK_MASK: tl.constexpr):
+    """Where step `position` of a key (or query) loop starts: the position itself over a
+    contiguous range (BLOCK_MASK 0), else its BLOCK-wide step inside the block-mask list
+    indices_ptr, whose entries are blocks of BLOCK_MASK positions (BLOCK divides BLOCK_MASK)."""
+    start = position
+    if BLOCK_MASK > 0:
+        STEPS: tl.constexpr = BLOCK_MASK // BLOCK
+        start = (tl.load(indices_ptr + position // STEPS) * BLOCK_MASK
+                 + (position % STEPS) * BLOCK)
+    return start
+
+
+@triton.jit
 def load_tile(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
     """Load a 2-D tile, zero-filling rows where not row_ok and cols where not col_ok, where asked.
     Unmasked loads where the bounds are known to hold keep the steady-state loop predicate-free."""
