@@ -24,6 +24,7 @@ else FA2) on the same inputs. Rows: {"D", "causal", "N", "impl", "dtype", "pass"
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 
 import torch
@@ -184,66 +185,78 @@ def run(args) -> None:
     print(f"results: {path}")
 
 
-# Tile candidates for --sweep: (block_m, block_n, warps, stages). dK/dV rows keep block_n keys
-# and their fp32 dK, dV in registers; the table's rows are the ones ptxas compiles without
-# spills on sm90 (benchmarks/backward_registers.py), the others trade spills for larger tiles.
-DKDV_CANDIDATES = [(32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 8, 2), (64, 128, 8, 1),
-                   (64, 64, 4, 2), (32, 128, 4, 3), (64, 128, 8, 2), (16, 64, 4, 2)]
-DQ_CANDIDATES = [(128, 64, 8, 2), (128, 32, 4, 3), (128, 32, 8, 2), (64, 64, 4, 3),
-                 (128, 64, 8, 3), (64, 32, 4, 2)]
+# Tile candidates for --sweep, per padded head dim: (block_m, block_n, warps, stages). dK/dV
+# rows keep block_n keys and their fp32 dK, dV in registers; some spill (benchmarks/
+# backward_registers.py) and are here because larger MMA tiles can pay for spills.
+SWEEP_CANDIDATES = {
+    64: dict(dkdv=[(32, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2),
+                   (64, 128, 8, 2)],
+             dq=[(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)]),
+    128: dict(dkdv=[(16, 128, 8, 2), (64, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 1),
+                    (32, 128, 8, 2)],
+              dq=[(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2)]),
+    256: dict(dkdv=[(16, 64, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2), (32, 64, 8, 1),
+                    (64, 64, 8, 1), (64, 64, 4, 2)],
+              dq=[(128, 32, 8, 2), (64, 32, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2)]),
+}
+SWEEP_CONTEXTS = (4096, 16384)
 
 
-def sweep(args, context: int = 4096) -> None:
-    """Time candidate rows of DKDV_CONFIGS (atomic dQ) and DQ_CONFIGS (deterministic, with the
-    table's dK/dV row) at Z=4 H=32 bf16, the kernels alone, checked against the table's
-    deterministic gradients first."""
+def sweep(args) -> None:
+    """Time the whole backward (the kernels alone, bf16, Z=4 H=32) for candidate tiles: the
+    atomic-dQ mode with each dK/dV candidate, and the deterministic mode (a dQ pass) with each
+    (dK/dV, dQ) pair; every candidate is checked against the table's deterministic gradients
+    first. Rows: D, causal, N, mode, dkdv, dq (tiles or null), ms, tflops."""
     import tileattn
     from tileattn.arch import arch_of
     from tileattn.kernels.attention import bwd
     from tileattn.kernels.attention.fwd import TileConfig
     device = torch.device("cuda")
     arch = arch_of(device)
-    rows = []
+    rows, path = [], None
     spin_up()
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            gen = torch.Generator(device=device).manual_seed(head_dim)
-            q, k, v, dout = (torch.randn(BATCH, context, HEADS, head_dim, device=device,
-                                         generator=gen, dtype=torch.bfloat16) for _ in range(4))
-            out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
-            reference = tuple(torch.empty_like(x) for x in (q, k, v))
-            options = dict(causal=causal, softmax_scale=1 / math.sqrt(head_dim), window_left=-1,
-                           window_right=-1, arch=arch)
-            bwd.attention_backward(q, k, v, out, lse, dout, *reference, deterministic=True,
-                                   **options)
-            grads = tuple(torch.empty_like(x) for x in (q, k, v))
-            for kernel, candidates in (("dkdv", DKDV_CANDIDATES), ("dq", DQ_CANDIDATES)):
-                for candidate in candidates:
-                    delta, dq_accum = bwd.backward_workspace(q, lse, kernel == "dq")
-                    launches = bwd.backward_launches(
-                        q, k, v, out, lse, dout, *grads, delta, dq_accum,
-                        **{f"{kernel}_tiles": TileConfig(*candidate)}, **options)
+    for (head_dim, candidates), context, causal in itertools.product(
+            SWEEP_CANDIDATES.items(), SWEEP_CONTEXTS, (False, True)):
+        gen = torch.Generator(device=device).manual_seed(head_dim)
+        q, k, v, dout = (torch.randn(BATCH, context, HEADS, head_dim, device=device,
+                                     generator=gen, dtype=torch.bfloat16) for _ in range(4))
+        out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True)
+        reference = tuple(torch.empty_like(x) for x in (q, k, v))
+        options = dict(causal=causal, softmax_scale=1 / math.sqrt(head_dim), window_left=-1,
+                       window_right=-1, arch=arch)
+        bwd.attention_backward(q, k, v, out, lse, dout, *reference, deterministic=True,
+                               **options)
+        grads = tuple(torch.empty_like(x) for x in (q, k, v))
+        pairs = ([("atomic", t, None) for t in candidates["dkdv"]]
+                 + [("deterministic", t, u) for t in candidates["dkdv"] for u in candidates["dq"]])
+        for mode, dkdv_tiles, dq_tiles in pairs:
+            delta, dq_accum = bwd.backward_workspace(q, lse, mode == "deterministic")
+            launches = bwd.backward_launches(
+                q, k, v, out, lse, dout, *grads, delta, dq_accum,
+                dkdv_tiles=TileConfig(*dkdv_tiles),
+                dq_tiles=TileConfig(*dq_tiles) if dq_tiles else None, **options)
 
-                    def call():
-                        for launch in launches:
-                            launch.run()
-                    label = f"D={head_dim} causal={causal} {kernel} {candidate}"
-                    try:
-                        call()
-                        distance = _distance(grads, reference)
-                        if not distance < CHECK_TOLERANCE:
-                            print(f"{label}: distance {distance:.3g}, not timed")
-                            continue
-                        ms = time_ms(call)
-                    except Exception as error:  # noqa: BLE001 - out of resources etc.
-                        print(f"{label}: {type(error).__name__}: {str(error)[:120]}")
-                        continue
-                    tflops = pass_flops(context, head_dim, causal, "backward") / ms / 1e9
-                    rows.append({"D": head_dim, "causal": causal, "N": context, "kernel": kernel,
-                                 "tiles": candidate, "ms": ms, "tflops": tflops})
-                    print(f"{label}: {tflops:.0f} TFLOP/s", flush=True)
-    path = write_json("backward-tile-sweep", {**device_facts(device), "batch": BATCH,
-                                              "heads": HEADS, "rows": rows}, args.out)
+            def call():
+                for launch in launches:
+                    launch.run()
+            label = f"D={head_dim} N={context} causal={causal} {mode} {dkdv_tiles} {dq_tiles}"
+            try:
+                call()
+                distance = _distance(grads, reference)
+                if not distance < CHECK_TOLERANCE:
+                    print(f"{label}: distance {distance:.3g}, not timed")
+                    continue
+                ms = time_ms(call)
+            except Exception as error:  # noqa: BLE001 - out of resources etc.
+                print(f"{label}: {type(error).__name__}: {str(error)[:120]}")
+                continue
+            tflops = pass_flops(context, head_dim, causal, "backward") / ms / 1e9
+            rows.append({"D": head_dim, "causal": causal, "N": context, "mode": mode,
+                         "dkdv": dkdv_tiles, "dq": dq_tiles, "ms": ms, "tflops": tflops})
+            print(f"{label}: {tflops:.0f} TFLOP/s", flush=True)
+            # After every row, so that a call cut short keeps what it measured.
+            path = write_json("backward-tile-sweep", {**device_facts(device), "batch": BATCH,
+                                                      "heads": HEADS, "rows": rows}, args.out)
     print(f"wrote {path}")
 
 
@@ -256,7 +269,7 @@ def main(argv=None) -> None:
                         choices=HEAD_DIMS, help="the part of the full grid to run")
     runs.add_grid_options(parser, "backward")
     parser.add_argument("--sweep", action="store_true",
-                        help="time candidate tile configs instead (N=4096)")
+                        help="time candidate tile configs instead (N 4096 and 16384)")
     args = parser.parse_args(argv)
     if runs.merged_or_needs_gpu(args, grid_points(), POINT_FIELDS, "benchmarks/backward.py"):
         return
