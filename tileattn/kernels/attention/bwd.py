@@ -35,19 +35,19 @@ from ..runtime import KernelLaunch
 
 # (arch, padded max(head_dim, head_dim_v)) -> tile configs; every row must fit the chip's
 # shared memory (tests/test_attention_bwd_cross_compile.py compiles each row for its chip).
-# Not measured on a GPU yet: chosen by ptxas's register report of the cross-compiled default
-# (atomic-dQ) kernels (benchmarks/backward_registers.py), as rows that spill nothing.
+# sm90 rows: the fastest whole backward (dK/dV and dQ pairs timed together) of an H100 sweep,
+# bf16, N 4096 and 16384, causal and not (`python benchmarks/backward.py --sweep`;
+# docs/design.md, "Backward"). The other chips' rows are not measured on a GPU: the largest
+# tiles ptxas compiles without spills (benchmarks/backward_registers.py).
 #
-# dK/dV: block_n keys per program, block_m queries per step. The largest block_n that does not
-# spill, then the largest block_m: each key block reads all of Q and dO once and adds its dQ
-# share once, so block_n divides that traffic; its fp32 dK, dV (2·block_n·head_dim values)
-# stay in registers for the whole program, which caps it (8 warps: 128 keys up to D = 128,
-# 32 at D = 256). Except sm90 at D = 256: wgmma needs 64 rows, so 32 keys would put every
-# key-major product on mma.sync; 64 keys spill 100 bytes instead.
+# dK/dV: block_n keys per program, block_m queries per step. Each key block reads all of Q and
+# dO once, so block_n divides that traffic; its fp32 dK, dV (2·block_n·head_dim values) stay in
+# registers for the whole program, which caps it. On sm90 the larger wgmma tiles pay for some
+# spilled registers (64 queries × 128 keys at D=128 beat the spill-free 16 × 128 by 1.4×).
 DKDV_CONFIGS: dict[tuple[str, int], TileConfig] = {
-    ("sm90", 64): TileConfig(32, 128, 8, 2),
-    ("sm90", 128): TileConfig(16, 128, 8, 2),
-    ("sm90", 256): TileConfig(16, 64, 8, 2),
+    ("sm90", 64): TileConfig(32, 128, 4, 3),
+    ("sm90", 128): TileConfig(64, 128, 8, 2),
+    ("sm90", 256): TileConfig(64, 64, 8, 2),
     ("sm80", 64): TileConfig(16, 128, 8, 2),
     ("sm80", 128): TileConfig(16, 128, 8, 2),
     ("sm80", 256): TileConfig(32, 32, 8, 2),
@@ -60,12 +60,18 @@ DKDV_CONFIGS: dict[tuple[str, int], TileConfig] = {
     ("cpu", 128): TileConfig(16, 16, 4, 1),
     ("cpu", 256): TileConfig(16, 16, 4, 1),
 }
+# The atomic-dQ dK/dV kernel (deterministic=False, kept for the benchmark) also stages its dQ
+# product's operands: where a row does not fit with them it takes one stage fewer (the fastest
+# atomic row of the same sweep at D=256).
+ATOMIC_DKDV_CONFIGS: dict[tuple[str, int], TileConfig] = {
+    ("sm90", 256): TileConfig(64, 64, 8, 1),
+}
 # Deterministic dQ: block_m queries per program (Q, dO and the fp32 dQ stay in registers),
 # block_n keys per step. The largest block_m that does not spill (each query block reads all
 # of K and V once), then block_n, with two stages where they fit.
 DQ_CONFIGS: dict[tuple[str, int], TileConfig] = {
     ("sm90", 64): TileConfig(128, 64, 8, 2),
-    ("sm90", 128): TileConfig(128, 64, 8, 2),
+    ("sm90", 128): TileConfig(128, 64, 8, 3),
     ("sm90", 256): TileConfig(128, 32, 8, 2),
     ("sm80", 64): TileConfig(128, 64, 8, 2),
     ("sm80", 128): TileConfig(128, 32, 8, 2),
@@ -82,17 +88,17 @@ ROWS_PER_PROGRAM = {"cpu": 16}
 DEFAULT_ROWS_PER_PROGRAM = 64
 
 
-def _config(table: dict, arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
-    name = SAME_CONFIGS_AS.get(arch.name, arch.name)
-    return table[(name, padded_head_dim(max(head_dim, head_dim_v)))]
+def _key(arch: Arch, head_dim: int, head_dim_v: int) -> tuple[str, int]:
+    return SAME_CONFIGS_AS.get(arch.name, arch.name), padded_head_dim(max(head_dim, head_dim_v))
 
 
-def dkdv_config(arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
-    return _config(DKDV_CONFIGS, arch, head_dim, head_dim_v)
+def dkdv_config(arch: Arch, head_dim: int, head_dim_v: int, atomic_dq: bool = False) -> TileConfig:
+    key = _key(arch, head_dim, head_dim_v)
+    return ATOMIC_DKDV_CONFIGS.get(key, DKDV_CONFIGS[key]) if atomic_dq else DKDV_CONFIGS[key]
 
 
 def dq_config(arch: Arch, head_dim: int, head_dim_v: int) -> TileConfig:
-    return _config(DQ_CONFIGS, arch, head_dim, head_dim_v)
+    return DQ_CONFIGS[_key(arch, head_dim, head_dim_v)]
 
 
 @triton.jit
@@ -228,7 +234,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     if causal:
         window_right = 0
-    dkdv_tiles = dkdv_tiles or dkdv_config(arch, head_dim, head_dim_v)
+    dkdv_tiles = dkdv_tiles or dkdv_config(arch, head_dim, head_dim_v, dq_accum is not None)
     dq_tiles = dq_tiles or dq_config(arch, head_dim, head_dim_v)
     block_sizes = dict(BLOCK_MASK_Q=0, BLOCK_MASK_KV=0)
     if block_mask is not None:
