@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ...arch import Arch
 from .bwd_dkdv import attention_bwd_dkdv_kernel
+from . import sm90_bwd
 from .bwd_dq import attention_bwd_dq_kernel
 from .bwd_scores import packed_rows
 from .configs import SAME_CONFIGS_AS, TileConfig, padded_head_dim
@@ -204,19 +205,31 @@ def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
     return delta, dq_accum
 
 
+def gluon_dkdv_applies(q, k, v, dout, arch: Arch, atomic_dq: bool, is_varlen: bool, block_mask,
+                       score_mod, mask_mod, window_left: int, window_right: int) -> bool:
+    """Whether sm90_bwd's dK/dV kernel computes this call: sm90, dense, fixed-order dQ, no hooks,
+    block mask or window but causal's, inputs sm90_bwd.supports() accepts."""
+    return (arch.name == "sm90" and not atomic_dq and not is_varlen and block_mask is None
+            and score_mod is None and mask_mod is None and window_left < 0
+            and window_right in (-1, 0) and sm90_bwd.supports(q, k, v, dout))
+
+
 def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, causal: bool,
                       dlse=None,
                       softmax_scale: float, window_left: int, window_right: int,
                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                       score_mod=None, score_mod_grad=None, mask_mod=None, mod_args=(),
                       block_mask=None, arch: Arch, dkdv_tiles: TileConfig | None = None,
-                      dq_tiles: TileConfig | None = None) -> list[KernelLaunch]:
+                      dq_tiles: TileConfig | None = None,
+                      dkdv_kernel: str | None = None) -> list[KernelLaunch]:
     """The launches of one backward, in order, for checked inputs and a workspace from
     backward_workspace (dq_accum None: the deterministic dQ kernel). dkdv_tiles / dq_tiles
     override the config tables' rows (tests, tuning, tiles that divide a block mask's blocks).
     dlse: the gradient of lse (lse's shape and layout, float32), or None. block_mask: None or
     a flex.block_mask.BlockMaskTensors with its transposed (q_*) lists, for dense inputs
-    without causal or window bounds; mask_mod then applies in its partial blocks only."""
+    without causal or window bounds; mask_mod then applies in its partial blocks only.
+    dkdv_kernel: "triton" (the portable kernel), "gluon" (sm90_bwd.py; where it applies, see
+    gluon_dkdv_applies) or None: the Gluon one wherever it applies and no tiles are given."""
     is_varlen = cu_seqlens_q is not None
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
     assert all(x.stride(-1) == 1 for x in (q, k, v, out, dout, dq, dk, dv)), "contiguous last dims"
@@ -234,6 +247,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     if causal:
         window_right = 0
+    dkdv_tiles_given = dkdv_tiles
     dkdv_tiles = dkdv_tiles or dkdv_config(arch, head_dim, head_dim_v, dq_accum is not None)
     dq_tiles = dq_tiles or dq_config(arch, head_dim, head_dim_v)
     block_sizes = dict(BLOCK_MASK_Q=0, BLOCK_MASK_KV=0)
@@ -273,14 +287,26 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                   window_left=window_left, window_right=window_right, mod_args=tuple(mod_args))
     masks = dict(BOUNDED_LEFT=window_left >= 0, BOUNDED_RIGHT=window_right >= 0,
                  SCORE_MOD=score_mod, SCORE_MOD_GRAD=score_mod_grad, MASK_MOD=mask_mod)
-    dkdv = KernelLaunch(
-        attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
-        dict(common, dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
-             **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen),
-             block_lists=() if block_mask is None else _block_list_args(block_mask, "q")),
-        dict(head_dims, BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n,
-             IS_VARLEN=is_varlen, ATOMIC_DQ=atomic_dq, **masks, **block_sizes),
-        dkdv_tiles.num_warps, dkdv_tiles.num_stages)
+    gluon_dkdv = gluon_dkdv_applies(q, k, v, dout, arch, atomic_dq, is_varlen, block_mask,
+                                    score_mod, mask_mod, window_left, window_right)
+    if dkdv_kernel == "gluon":
+        assert gluon_dkdv, "the Gluon dK/dV kernel does not apply to this call"
+    elif dkdv_kernel is None:
+        gluon_dkdv = gluon_dkdv and dkdv_tiles_given is None
+    else:
+        gluon_dkdv = False
+    if gluon_dkdv:
+        dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
+                                         causal=window_right == 0, softmax_scale=softmax_scale)
+    else:
+        dkdv = KernelLaunch(
+            attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
+            dict(common, dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
+                 **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen),
+                 block_lists=() if block_mask is None else _block_list_args(block_mask, "q")),
+            dict(head_dims, BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n,
+                 IS_VARLEN=is_varlen, ATOMIC_DQ=atomic_dq, **masks, **block_sizes),
+            dkdv_tiles.num_warps, dkdv_tiles.num_stages)
     if atomic_dq:
         finish_dq = KernelLaunch(
             attention_bwd_dq_convert_kernel, row_grid,
@@ -308,14 +334,14 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
                        max_seqlen_q=None, max_seqlen_k=None, score_mod=None, score_mod_grad=None,
                        mask_mod=None, mod_args=(), block_mask=None, deterministic: bool = False,
                        arch: Arch, dkdv_tiles: TileConfig | None = None,
-                       dq_tiles: TileConfig | None = None) -> None:
+                       dq_tiles: TileConfig | None = None, dkdv_kernel: str | None = None) -> None:
     """Write dq, dk, dv (preallocated, any strides with a contiguous last dim, e.g. views into
     one fused gradient buffer) for checked inputs. Allocates only its workspace (delta, and the
     fp32 dQ buffer unless deterministic). Dense: q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
     v [B, Sk, Hkv, Dv], out/dout [B, Sq, Hq, Dv], lse [B, Hq, Sq]; varlen (cu_seqlens_q/k int32
     [B + 1] and max_seqlen_q/k given): q [total_q, Hq, D], k/v [total_k, Hkv, D | Dv],
     lse [Hq, total_q]. lse float32, natural log, contiguous. window_left/right: -1 unbounded;
-    causal overrides window_right with 0. block_mask, dkdv_tiles, dq_tiles: as
+    causal overrides window_right with 0. block_mask, dkdv_tiles, dq_tiles, dkdv_kernel: as
     backward_launches'."""
     delta, dq_accum = backward_workspace(q, lse, deterministic)
     for launch in backward_launches(
@@ -324,5 +350,5 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, score_mod=score_mod, score_mod_grad=score_mod_grad,
             mask_mod=mask_mod, mod_args=mod_args, block_mask=block_mask, arch=arch,
-            dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles):
+            dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles, dkdv_kernel=dkdv_kernel):
         launch.run()
