@@ -130,6 +130,18 @@ def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     return q.dtype in (torch.float16, torch.bfloat16) and head_dim != 64 and work >= SM90_MIN_WORK
 
 
+# ---- backward ---------------------------------------------------------------------------------
+
+def backward_dkdv_kernel(arch: Arch, settings: Settings) -> str:
+    """The dK/dV kernel of an attention backward: "sm90" (kernels/attention/sm90_bwd.py, which
+    bwd.backward_launches runs wherever it supports the call and the portable kernel elsewhere;
+    measured 1.07-1.19x the portable one at D=128, docs/design.md, "Backward") on Hopper unless
+    the portable kernels are forced; "portable" otherwise."""
+    if settings.attention == "portable" or arch.name != "sm90":
+        return "portable"
+    return "sm90"
+
+
 # ---- MLA decode ------------------------------------------------------------------------------
 
 def mla_kernel(arch: Arch, num_rows: int, page_size: int, kv_dtype: torch.dtype,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import dispatch
 from ..arch import arch_of
 from ..kernels import mods
 from ..kernels.attention import bwd
@@ -36,6 +37,7 @@ def attention_backward(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tens
     if cu_seqlens_q is not None:
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max(max_seqlen_k, 1))
+    arch = arch_of(q.device)
     with on_device(q.device):
         bwd.attention_backward(
             q, k, v, out, lse.contiguous(), dout.contiguous(), dq, dk, dv, causal=causal,
@@ -44,8 +46,8 @@ def attention_backward(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tens
             score_mod_grad=score_mod_grad, mod_args=mod_args,
             # The fixed-order dQ pass measured faster than fp32 atomics at every point of the
             # H100 backward grid (docs/design.md, "Backward"): every backward is deterministic.
-            deterministic=True,
-            arch=arch_of(q.device), **varlen)
+            deterministic=True, arch=arch, dkdv_kernel=dispatch.backward_dkdv_kernel(
+                arch, dispatch.current()), **varlen)
     return dq, dk, dv
 
 

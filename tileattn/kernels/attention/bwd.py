@@ -221,15 +221,15 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                       score_mod=None, score_mod_grad=None, mask_mod=None, mod_args=(),
                       block_mask=None, arch: Arch, dkdv_tiles: TileConfig | None = None,
                       dq_tiles: TileConfig | None = None,
-                      dkdv_kernel: str | None = None) -> list[KernelLaunch]:
+                      dkdv_kernel: str = "portable") -> list[KernelLaunch]:
     """The launches of one backward, in order, for checked inputs and a workspace from
     backward_workspace (dq_accum None: the deterministic dQ kernel). dkdv_tiles / dq_tiles
     override the config tables' rows (tests, tuning, tiles that divide a block mask's blocks).
     dlse: the gradient of lse (lse's shape and layout, float32), or None. block_mask: None or
     a flex.block_mask.BlockMaskTensors with its transposed (q_*) lists, for dense inputs
     without causal or window bounds; mask_mod then applies in its partial blocks only.
-    dkdv_kernel: "triton" (the portable kernel), "gluon" (sm90_bwd.py; where it applies, see
-    gluon_dkdv_applies) or None: the Gluon one wherever it applies and no tiles are given."""
+    dkdv_kernel: "portable", or "sm90" (dispatch.backward_dkdv_kernel's choice): sm90_bwd.py's
+    Gluon kernel wherever gluon_dkdv_applies and no dkdv_tiles are given, else the portable one."""
     is_varlen = cu_seqlens_q is not None
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
     assert all(x.stride(-1) == 1 for x in (q, k, v, out, dout, dq, dk, dv)), "contiguous last dims"
@@ -287,15 +287,10 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                   window_left=window_left, window_right=window_right, mod_args=tuple(mod_args))
     masks = dict(BOUNDED_LEFT=window_left >= 0, BOUNDED_RIGHT=window_right >= 0,
                  SCORE_MOD=score_mod, SCORE_MOD_GRAD=score_mod_grad, MASK_MOD=mask_mod)
-    gluon_dkdv = gluon_dkdv_applies(q, k, v, dout, arch, atomic_dq, is_varlen, block_mask,
-                                    score_mod, mask_mod, window_left, window_right)
-    if dkdv_kernel == "gluon":
-        assert gluon_dkdv, "the Gluon dK/dV kernel does not apply to this call"
-    elif dkdv_kernel is None:
-        gluon_dkdv = gluon_dkdv and dkdv_tiles_given is None
-    else:
-        gluon_dkdv = False
-    if gluon_dkdv:
+    assert dkdv_kernel in ("portable", "sm90"), dkdv_kernel
+    if (dkdv_kernel == "sm90" and dkdv_tiles_given is None
+            and gluon_dkdv_applies(q, k, v, dout, arch, atomic_dq, is_varlen, block_mask,
+                                   score_mod, mask_mod, window_left, window_right)):
         dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
                                          causal=window_right == 0, softmax_scale=softmax_scale)
     else:
@@ -334,7 +329,7 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
                        max_seqlen_q=None, max_seqlen_k=None, score_mod=None, score_mod_grad=None,
                        mask_mod=None, mod_args=(), block_mask=None, deterministic: bool = False,
                        arch: Arch, dkdv_tiles: TileConfig | None = None,
-                       dq_tiles: TileConfig | None = None, dkdv_kernel: str | None = None) -> None:
+                       dq_tiles: TileConfig | None = None, dkdv_kernel: str = "portable") -> None:
     """Write dq, dk, dv (preallocated, any strides with a contiguous last dim, e.g. views into
     one fused gradient buffer) for checked inputs. Allocates only its workspace (delta, and the
     fp32 dQ buffer unless deterministic). Dense: q [B, Sq, Hq, D], k [B, Sk, Hkv, D],

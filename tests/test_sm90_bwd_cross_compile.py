@@ -1,0 +1,104 @@
+"""Compile the Hopper Gluon dK/dV kernel (kernels/attention/sm90_bwd.py) for sm90 without a GPU
+and check which calls the backward sends to it.
+
+Proves every CONFIGS row fits the SM's shared memory with its Q/dO ring, runs its four products
+on wgmma (HGMMA in the SASS) fed by TMA, and spills at most a few bytes (ptxas: no local
+memory beyond a handful of loads and stores), for causal and not, fp16, a padded head dim (96)
+and Dv != D. The dispatch half runs in the test's own process: dispatch asks for the Gluon
+kernel on Hopper, and the backward runs it exactly where gluon_dkdv_applies() says.
+"""
+
+import pytest
+import torch
+
+from tileattn import dispatch
+from tileattn.arch import arch_for_capability
+from tileattn.kernels.attention import bwd, sm90_bwd
+
+from .compile_helpers import run_without_interpreter
+
+CHILD = r'''
+import json, os, re, subprocess, tempfile, torch, triton
+from tileattn.kernels.attention import sm90_bwd
+from tileattn.kernels.compile import cross_compile_sm90
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+def compile_case(head_dim, head_dim_v, causal, dtype):
+    q = torch.empty(2, 1000, 4, head_dim, dtype=dtype)
+    k = torch.empty(2, 1100, 2, head_dim, dtype=dtype)
+    v = torch.empty(2, 1100, 2, head_dim_v, dtype=dtype)
+    dout = torch.empty(2, 1000, 4, head_dim_v, dtype=dtype)
+    lse, delta = torch.empty(2, 4, 1000), torch.empty(2, 4, 1000)
+    assert sm90_bwd.supports(q, k, v, dout)
+    launch = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, torch.empty_like(k),
+                                       torch.empty_like(v), causal=causal, softmax_scale=0.1)
+    c = cross_compile_sm90(launch, 90)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(c.asm["cubin"]); f.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    return {"shared": c.metadata.shared, "hgmma": sass.count("HGMMA"),
+            "tma": c.asm["ptx"].count("cp.async.bulk.tensor"),
+            "local": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
+
+rows = {}
+for d, dv in ((128, 128), (96, 96), (128, 64)):
+    for causal in (False, True):
+        rows[f"bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
+            d, dv, causal, torch.bfloat16)
+rows["fp16-D128-Dv128-causal"] = compile_case(128, 128, True, torch.float16)
+print(json.dumps(rows))
+'''
+
+SM90_SHARED_BYTES = 232448
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return run_without_interpreter(CHILD)
+
+
+def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
+    assert len(compiled) == 7
+    for name, row in compiled.items():
+        assert row["shared"] <= SM90_SHARED_BYTES, (name, row)
+        # sᵀ and dPᵀ take D/16 and Dv/16 k-steps, dV and dK BLOCK_M/16 each.
+        parts = name.split("-")
+        d, dv = (1 << (int(text) - 1).bit_length() for text in (parts[1][1:], parts[2][2:]))
+        assert row["hgmma"] == (d + dv) // 16 + 2 * sm90_bwd.CONFIGS[128][1] // 16, (name, row)
+        assert row["tma"] >= 2, (name, row)
+        assert row["local"] <= 8, (name, row)   # ptxas: at most an 8-byte spill (causal)
+
+
+def _launch_kernels(arch_name, head_dim=128, causal=True, dkdv_kernel="sm90", **options):
+    arch = arch_for_capability({"sm90": (9, 0), "sm80": (8, 0)}[arch_name])
+    q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(2, 300, 2, head_dim, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 300)
+    delta, dq_accum = bwd.backward_workspace(q, lse, options.pop("deterministic", True))
+    launches = bwd.backward_launches(
+        q, k, k, q, lse, q, q, k, k, delta, dq_accum, causal=causal, softmax_scale=0.1,
+        window_left=options.pop("window_left", -1), window_right=-1, arch=arch,
+        dkdv_kernel=dkdv_kernel, **options)
+    return [launch.kernel for launch in launches]
+
+
+def test_the_sm90_backward_runs_the_gluon_kernel_where_it_applies():
+    gluon = sm90_bwd.attention_bwd_dkdv_sm90_kernel
+    assert gluon in _launch_kernels("sm90")
+    assert gluon in _launch_kernels("sm90", head_dim=96, causal=False)
+    assert gluon not in _launch_kernels("sm80")
+    assert gluon not in _launch_kernels("sm90", head_dim=64)      # no row: portable wins there
+    assert gluon not in _launch_kernels("sm90", window_left=100)
+    assert gluon not in _launch_kernels("sm90", deterministic=False)   # atomic dQ
+    assert gluon not in _launch_kernels("sm90", dkdv_kernel="portable")
+    assert gluon not in _launch_kernels("sm90", dkdv_tiles=bwd.dkdv_config(
+        arch_for_capability((9, 0)), 128, 128))
+
+
+def test_dispatch_asks_for_the_gluon_kernel_on_hopper_unless_portable_is_forced():
+    sm90, sm80 = arch_for_capability((9, 0)), arch_for_capability((8, 0))
+    assert dispatch.backward_dkdv_kernel(sm90, dispatch.current()) == "sm90"
+    assert dispatch.backward_dkdv_kernel(sm80, dispatch.current()) == "portable"
+    with dispatch.use_kernels(attention="portable") as settings:
+        assert dispatch.backward_dkdv_kernel(sm90, settings) == "portable"
