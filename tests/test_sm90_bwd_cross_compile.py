@@ -5,7 +5,8 @@ Proves every CONFIGS row fits the SM's shared memory with its Q/dO ring, runs it
 on wgmma (HGMMA in the SASS) fed by TMA, and spills at most a few bytes (ptxas: no local
 memory beyond a handful of loads and stores), for causal and not, fp16, a padded head dim (96)
 and Dv != D. The dispatch half runs in the test's own process: dispatch asks for the Gluon
-kernel on Hopper, and the backward runs it exactly where gluon_dkdv_applies() says.
+kernels on Hopper, and the backward runs them exactly where gluon_applies() and their
+tables say.
 """
 
 import pytest
@@ -65,12 +66,12 @@ def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
         # sᵀ and dPᵀ take D/16 and Dv/16 k-steps, dV and dK BLOCK_M/16 each.
         parts = name.split("-")
         d, dv = (1 << (int(text) - 1).bit_length() for text in (parts[1][1:], parts[2][2:]))
-        assert row["hgmma"] == (d + dv) // 16 + 2 * sm90_bwd.CONFIGS[128][1] // 16, (name, row)
+        assert row["hgmma"] == (d + dv) // 16 + 2 * sm90_bwd.DKDV_CONFIGS[128][1] // 16, (name, row)
         assert row["tma"] >= 2, (name, row)
         assert row["local"] <= 8, (name, row)   # ptxas: at most an 8-byte spill (causal)
 
 
-def _launch_kernels(arch_name, head_dim=128, causal=True, dkdv_kernel="sm90", **options):
+def _launch_kernels(arch_name, head_dim=128, causal=True, kernel="sm90", **options):
     arch = arch_for_capability({"sm90": (9, 0), "sm80": (8, 0)}[arch_name])
     q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
     k = torch.empty(2, 300, 2, head_dim, dtype=torch.bfloat16)
@@ -79,7 +80,7 @@ def _launch_kernels(arch_name, head_dim=128, causal=True, dkdv_kernel="sm90", **
     launches = bwd.backward_launches(
         q, k, k, q, lse, q, q, k, k, delta, dq_accum, causal=causal, softmax_scale=0.1,
         window_left=options.pop("window_left", -1), window_right=-1, arch=arch,
-        dkdv_kernel=dkdv_kernel, **options)
+        kernel=kernel, **options)
     return [launch.kernel for launch in launches]
 
 
@@ -91,14 +92,14 @@ def test_the_sm90_backward_runs_the_gluon_kernel_where_it_applies():
     assert gluon not in _launch_kernels("sm90", head_dim=64)      # no row: portable wins there
     assert gluon not in _launch_kernels("sm90", window_left=100)
     assert gluon not in _launch_kernels("sm90", deterministic=False)   # atomic dQ
-    assert gluon not in _launch_kernels("sm90", dkdv_kernel="portable")
+    assert gluon not in _launch_kernels("sm90", kernel="portable")
     assert gluon not in _launch_kernels("sm90", dkdv_tiles=bwd.dkdv_config(
         arch_for_capability((9, 0)), 128, 128))
 
 
 def test_dispatch_asks_for_the_gluon_kernel_on_hopper_unless_portable_is_forced():
     sm90, sm80 = arch_for_capability((9, 0)), arch_for_capability((8, 0))
-    assert dispatch.backward_dkdv_kernel(sm90, dispatch.current()) == "sm90"
-    assert dispatch.backward_dkdv_kernel(sm80, dispatch.current()) == "portable"
+    assert dispatch.backward_kernel(sm90, dispatch.current()) == "sm90"
+    assert dispatch.backward_kernel(sm80, dispatch.current()) == "portable"
     with dispatch.use_kernels(attention="portable") as settings:
-        assert dispatch.backward_dkdv_kernel(sm90, settings) == "portable"
+        assert dispatch.backward_kernel(sm90, settings) == "portable"

@@ -132,11 +132,11 @@ def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
 
 # ---- backward ---------------------------------------------------------------------------------
 
-def backward_dkdv_kernel(arch: Arch, settings: Settings) -> str:
-    """The dK/dV kernel of an attention backward: "sm90" (kernels/attention/sm90_bwd.py, which
-    bwd.backward_launches runs wherever it supports the call and the portable kernel elsewhere;
-    measured 1.07-1.19x the portable one at D=128, docs/design.md, "Backward") on Hopper unless
-    the portable kernels are forced; "portable" otherwise."""
+def backward_kernel(arch: Arch, settings: Settings) -> str:
+    """The kernels of an attention backward: "sm90" (kernels/attention/sm90_bwd.py's dK/dV and
+    dQ kernels, which bwd.backward_launches runs wherever they support the call, the portable
+    ones elsewhere; measured faster at D=128, docs/design.md, "Backward") on Hopper unless the
+    portable kernels are forced; "portable" otherwise."""
     if settings.attention == "portable" or arch.name != "sm90":
         return "portable"
     return "sm90"

@@ -46,8 +46,8 @@ def attention_backward(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tens
             score_mod_grad=score_mod_grad, mod_args=mod_args,
             # The fixed-order dQ pass measured faster than fp32 atomics at every point of the
             # H100 backward grid (docs/design.md, "Backward"): every backward is deterministic.
-            deterministic=True, arch=arch, dkdv_kernel=dispatch.backward_dkdv_kernel(
-                arch, dispatch.current()), **varlen)
+            deterministic=True, arch=arch,
+            kernel=dispatch.backward_kernel(arch, dispatch.current()), **varlen)
     return dq, dk, dv
 
 

@@ -10,6 +10,9 @@ Launch order:
      strides; or, deterministic=True, attention_bwd_dq_kernel (attention_bwd_dq.py): dQ in a
      second pass over the keys with a fixed order of additions.
 
+On Hopper (kernel="sm90") dense calls without windows or hooks run steps 2 and 3 as the
+Gluon kernels of sm90_bwd.py where their tables have a row for the head dims.
+
 With a block mask (flex_attention's BlockMask, as flex.block_mask.BlockMaskTensors with its
 transposed lists) the dQ kernel walks each query block's listed key blocks and the dK/dV
 kernel each key block's listed query blocks; the tiles must divide the mask's blocks.
@@ -205,10 +208,11 @@ def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
     return delta, dq_accum
 
 
-def gluon_dkdv_applies(q, k, v, dout, arch: Arch, atomic_dq: bool, is_varlen: bool, block_mask,
-                       score_mod, mask_mod, window_left: int, window_right: int) -> bool:
-    """Whether sm90_bwd's dK/dV kernel computes this call: sm90, dense, fixed-order dQ, no hooks,
-    block mask or window but causal's, inputs sm90_bwd.supports() accepts."""
+def gluon_applies(q, k, v, dout, arch: Arch, atomic_dq: bool, is_varlen: bool, block_mask,
+                  score_mod, mask_mod, window_left: int, window_right: int) -> bool:
+    """Whether sm90_bwd's Gluon kernels can compute this call: sm90, dense, fixed-order dQ, no
+    hooks, block mask or window but causal's, inputs sm90_bwd.supports() accepts (each kernel
+    then runs where its table has a row for the head dims)."""
     return (arch.name == "sm90" and not atomic_dq and not is_varlen and block_mask is None
             and score_mod is None and mask_mod is None and window_left < 0
             and window_right in (-1, 0) and sm90_bwd.supports(q, k, v, dout))
@@ -221,15 +225,16 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                       score_mod=None, score_mod_grad=None, mask_mod=None, mod_args=(),
                       block_mask=None, arch: Arch, dkdv_tiles: TileConfig | None = None,
                       dq_tiles: TileConfig | None = None,
-                      dkdv_kernel: str = "portable") -> list[KernelLaunch]:
+                      kernel: str = "portable") -> list[KernelLaunch]:
     """The launches of one backward, in order, for checked inputs and a workspace from
     backward_workspace (dq_accum None: the deterministic dQ kernel). dkdv_tiles / dq_tiles
     override the config tables' rows (tests, tuning, tiles that divide a block mask's blocks).
     dlse: the gradient of lse (lse's shape and layout, float32), or None. block_mask: None or
     a flex.block_mask.BlockMaskTensors with its transposed (q_*) lists, for dense inputs
     without causal or window bounds; mask_mod then applies in its partial blocks only.
-    dkdv_kernel: "portable", or "sm90" (dispatch.backward_dkdv_kernel's choice): sm90_bwd.py's
-    Gluon kernel wherever gluon_dkdv_applies and no dkdv_tiles are given, else the portable one."""
+    kernel: "portable", or "sm90" (dispatch.backward_kernel's choice): sm90_bwd.py's Gluon
+    kernels where gluon_applies, their tables have a row and no tiles are given, else the
+    portable ones."""
     is_varlen = cu_seqlens_q is not None
     assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
     assert all(x.stride(-1) == 1 for x in (q, k, v, out, dout, dq, dk, dv)), "contiguous last dims"
@@ -247,7 +252,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     if causal:
         window_right = 0
-    dkdv_tiles_given = dkdv_tiles
+    dkdv_tiles_given, dq_tiles_given = dkdv_tiles, dq_tiles
     dkdv_tiles = dkdv_tiles or dkdv_config(arch, head_dim, head_dim_v, dq_accum is not None)
     dq_tiles = dq_tiles or dq_config(arch, head_dim, head_dim_v)
     block_sizes = dict(BLOCK_MASK_Q=0, BLOCK_MASK_KV=0)
@@ -287,10 +292,12 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                   window_left=window_left, window_right=window_right, mod_args=tuple(mod_args))
     masks = dict(BOUNDED_LEFT=window_left >= 0, BOUNDED_RIGHT=window_right >= 0,
                  SCORE_MOD=score_mod, SCORE_MOD_GRAD=score_mod_grad, MASK_MOD=mask_mod)
-    assert dkdv_kernel in ("portable", "sm90"), dkdv_kernel
-    if (dkdv_kernel == "sm90" and dkdv_tiles_given is None
-            and gluon_dkdv_applies(q, k, v, dout, arch, atomic_dq, is_varlen, block_mask,
-                                   score_mod, mask_mod, window_left, window_right)):
+    assert kernel in ("portable", "sm90"), kernel
+    hopper = kernel == "sm90" and gluon_applies(q, k, v, dout, arch, atomic_dq, is_varlen,
+                                                 block_mask, score_mod, mask_mod, window_left,
+                                                 window_right)
+    width = sm90_bwd.width(q, v)
+    if hopper and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
         dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
                                          causal=window_right == 0, softmax_scale=softmax_scale)
     else:
@@ -311,6 +318,9 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
             dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_head_dim(head_dim),
                  BLOCK_M=rows_per_program, IS_VARLEN=is_varlen),
             num_warps=4, num_stages=1)
+    elif hopper and dq_tiles_given is None and width in sm90_bwd.DQ_CONFIGS:
+        finish_dq = sm90_bwd.dq_sm90_launch(q, k, v, dout, lse, delta, dq,
+                                            causal=window_right == 0, softmax_scale=softmax_scale)
     else:
         finish_dq = KernelLaunch(
             attention_bwd_dq_kernel, (triton.cdiv(seqlen_q, dq_tiles.block_m), num_q_heads, batch),
@@ -329,14 +339,14 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
                        max_seqlen_q=None, max_seqlen_k=None, score_mod=None, score_mod_grad=None,
                        mask_mod=None, mod_args=(), block_mask=None, deterministic: bool = False,
                        arch: Arch, dkdv_tiles: TileConfig | None = None,
-                       dq_tiles: TileConfig | None = None, dkdv_kernel: str = "portable") -> None:
+                       dq_tiles: TileConfig | None = None, kernel: str = "portable") -> None:
     """Write dq, dk, dv (preallocated, any strides with a contiguous last dim, e.g. views into
     one fused gradient buffer) for checked inputs. Allocates only its workspace (delta, and the
     fp32 dQ buffer unless deterministic). Dense: q [B, Sq, Hq, D], k [B, Sk, Hkv, D],
     v [B, Sk, Hkv, Dv], out/dout [B, Sq, Hq, Dv], lse [B, Hq, Sq]; varlen (cu_seqlens_q/k int32
     [B + 1] and max_seqlen_q/k given): q [total_q, Hq, D], k/v [total_k, Hkv, D | Dv],
     lse [Hq, total_q]. lse float32, natural log, contiguous. window_left/right: -1 unbounded;
-    causal overrides window_right with 0. block_mask, dkdv_tiles, dq_tiles, dkdv_kernel: as
+    causal overrides window_right with 0. block_mask, dkdv_tiles, dq_tiles, kernel: as
     backward_launches'."""
     delta, dq_accum = backward_workspace(q, lse, deterministic)
     for launch in backward_launches(
@@ -345,5 +355,5 @@ def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, sof
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, score_mod=score_mod, score_mod_grad=score_mod_grad,
             mask_mod=mask_mod, mod_args=mod_args, block_mask=block_mask, arch=arch,
-            dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles, dkdv_kernel=dkdv_kernel):
+            dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles, kernel=kernel):
         launch.run()

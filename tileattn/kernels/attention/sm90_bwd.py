@@ -16,7 +16,7 @@ flat loop (head-major), so the ring never drains between heads. The order of eve
 fixed: deterministic, as the portable kernel.
 
 Scope (supports()): dense [batch, seqlen, heads, head dim] fp16/bf16 inputs TMA can address,
-causal (bottom-right) or not, no window, hooks or varlen, head dims with a CONFIGS row (tiles
+causal (bottom-right) or not, no window, hooks or varlen, head dims with a table row (tiles
 pad to a power of two; TMA zero-fills the padding and rows past each sequence's end). Query rows
 past the end read lse = +inf, so their P is 0; key rows past the end are computed, never stored.
 Pointer layouts: lse, delta float32 [batch, num_q_heads, seqlen_q] contiguous (lse natural log,
@@ -40,7 +40,7 @@ from .sm90 import LOG2_E, _descriptor
 # stages, warps: 64 keys a warpgroup). One warpgroup of 64 keys (two programs an SM) beat 128
 # keys on two warpgroups by 5-7% and the portable kernel by 1.07-1.19x (whole backward, H100).
 # At D=64 no row beat the portable kernel (its 32 x 128 tile on 4 warps), so none is listed.
-CONFIGS = {128: (64, 64, 2, 4)}
+DKDV_CONFIGS = {128: (64, 64, 2, 4)}
 
 
 @gluon.jit
@@ -103,8 +103,8 @@ def attention_bwd_dkdv_sm90_kernel(
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(s), count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
 
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], kv_ready, k_smem)
@@ -184,25 +184,149 @@ def attention_bwd_dkdv_sm90_kernel(
     gl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=dv_mask)
 
 
+@gluon.jit
+def attention_bwd_dq_sm90_kernel(
+    q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr,
+    stride_dqb, stride_dqs, stride_dqh,
+    seqlen_q, seqlen_k, num_q_heads, gqa_group_size, softmax_scale, softmax_scale_log2,
+    HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
+):
+    """The deterministic dQ pass: grid (query blocks, num_q_heads, batch). A program keeps its
+    BLOCK_M rows of Q and dO in shared memory and their lse and delta in registers, and walks
+    the key blocks they can see in order, K and V streaming through a TMA ring:
+        S = Q Kᵀ, dP = dO Vᵀ, P = exp2(S·scale·log2 e − lse·log2 e), dQ += (P ∘ (dP − delta)) K
+    Keys past the sequence end are zero-filled, so they add nothing to dQ. Descriptors as
+    attention_bwd_dkdv_sm90_kernel's, with boxes of BLOCK_M rows for Q, dO and BLOCK_N for K,
+    V; HEAD_DIM: the real head dim (the store masks the padding)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    DV: gl.constexpr = v_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
+    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, INSTR_K])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, INSTR_K])
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout,
+                                                  k_width=K_WIDTH)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    start_m = gl.program_id(0) * BLOCK_M
+    head = gl.program_id(1)
+    batch = gl.program_id(2)
+    kv_head = head // gqa_group_size
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape,
+                                       v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [batch, head, start_m, 0], q_ready, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [batch, head, start_m, 0], q_ready, do_smem)
+
+    # Bottom-right causal: the block's last query sees keys up to start_m + BLOCK_M - 1 + shift.
+    shift = seqlen_k - seqlen_q
+    end_n = seqlen_k
+    if CAUSAL:
+        end_n = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + shift, 0))
+    num_blocks = gl.cdiv(end_n, BLOCK_N)
+    for j in gl.static_range(NUM_STAGES - 1):
+        if j < num_blocks:
+            bar = ready.index(j)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * BLOCK_N, 0], bar,
+                                            k_smem.index(j))
+            tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * BLOCK_N, 0], bar,
+                                            v_smem.index(j))
+
+    queries = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    row_offset = (batch * num_q_heads + head).to(gl.int64) * seqlen_q
+    in_range = queries < seqlen_q
+    lse = gl.load(lse_ptr + row_offset + queries, mask=in_range, other=float("inf"))
+    delta = gl.expand_dims(gl.load(delta_ptr + row_offset + queries, mask=in_range, other=0.0), 1)
+    # A row that sees no key has lse -inf and P 0.
+    lse_log2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"),
+                                       lse * 1.4426950408889634), 1)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout)
+    q_op = q_smem.reshape([BLOCK_M, D])
+    do_op = do_smem.reshape([BLOCK_M, DV])
+    mbarrier.wait(q_ready, 0)
+    for j in range(num_blocks):
+        # The stage block j + NUM_STAGES - 1 reuses was last read by block j - 1, whose
+        # products all finished at the end of its iteration.
+        nxt = j + NUM_STAGES - 1
+        if nxt < num_blocks:
+            bar = ready.index(nxt % NUM_STAGES)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, nxt * BLOCK_N, 0], bar,
+                                            k_smem.index(nxt % NUM_STAGES))
+            tma.async_copy_global_to_shared(v_desc, [batch, kv_head, nxt * BLOCK_N, 0], bar,
+                                            v_smem.index(nxt % NUM_STAGES))
+        stage = j % NUM_STAGES
+        mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+        k_op = k_smem.index(stage).reshape([BLOCK_N, D])
+        v_op = v_smem.index(stage).reshape([BLOCK_N, DV])
+        s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_op, v_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        p = gl.exp2(s * softmax_scale_log2 - lse_log2)
+        if CAUSAL:
+            # Only blocks whose last key lies past the block's first query's position.
+            if (j + 1) * BLOCK_N - 1 > start_m + shift:
+                keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+                visible = gl.expand_dims(keys, 0) <= gl.expand_dims(queries + shift, 1)
+                p = gl.where(visible, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = gl.convert_layout((p * (dp - delta)).to(dtype), ds_layout)
+        dq = warpgroup_mma(ds, k_op, dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq,))
+
+    # dQ = softmax_scale · dS K: the scale of the score's derivative, applied once here.
+    dq = dq * softmax_scale
+    dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_cols = gl.arange(0, D, layout=gl.SliceLayout(0, dq_layout))
+    dq_ptrs = (dq_ptr + batch.to(gl.int64) * stride_dqb + head.to(gl.int64) * stride_dqh
+               + gl.expand_dims(dq_rows.to(gl.int64) * stride_dqs, 1) + gl.expand_dims(dq_cols, 0))
+    dq_mask = gl.expand_dims(dq_rows < seqlen_q, 1) & gl.expand_dims(dq_cols < HEAD_DIM, 0)
+    gl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=dq_mask)
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> bool:
-    """Whether dkdv_sm90_launch handles these dense inputs (the caller rules out windows,
-    hooks, block masks and varlen): 16-bit, head dims with a CONFIGS row, TMA-addressable."""
+    """Whether these dense inputs suit the kernels here (the caller rules out windows, hooks,
+    block masks and varlen): 16-bit, non-empty, TMA-addressable. Each kernel runs where its
+    table has a row for the padded head dim (width())."""
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4:
         return False
-    width = max(padded_head_dim(q.shape[-1]), padded_head_dim(v.shape[-1]))
-    if width not in CONFIGS or q.shape[1] == 0 or k.shape[1] == 0:
+    if q.shape[1] == 0 or k.shape[1] == 0:
         return False
     return all(x.stride(3) == 1 and tma_ready(x, (0, 1, 2)) for x in (q, k, v, dout))
+
+
+def width(q: torch.Tensor, v: torch.Tensor) -> int:
+    """The padded head dim the config tables are keyed by."""
+    return max(padded_head_dim(q.shape[-1]), padded_head_dim(v.shape[-1]))
 
 
 def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax_scale: float,
                      config: tuple[int, int, int, int] | None = None) -> KernelLaunch:
     """The dK/dV launch for inputs supports() accepted; lse and delta [B, Hq, Sq] contiguous.
-    config: a CONFIGS-style row instead of the table's (tuning)."""
+    config: a DKDV_CONFIGS-style row instead of the table's (tuning)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
-    block_n, block_m, num_stages, num_warps = config or CONFIGS[max(dim, dim_v)]
+    block_n, block_m, num_stages, num_warps = config or DKDV_CONFIGS[width(q, v)]
     descriptors = dict(
         q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
         k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
@@ -218,3 +342,31 @@ def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax
                       NUM_STAGES=num_stages)
     grid = (-(-seqlen_k // block_n), num_kv_heads, batch)
     return KernelLaunch(attention_bwd_dkdv_sm90_kernel, grid, args, constexprs, num_warps, 1)
+
+
+# dQ pass: padded head dim -> (queries a program, keys a step, K/V ring stages, warps: 64
+# queries a warpgroup).
+DQ_CONFIGS = {128: (64, 64, 2, 4)}
+
+
+def dq_sm90_launch(q, k, v, dout, lse, delta, dq, *, causal: bool, softmax_scale: float,
+                   config: tuple[int, int, int, int] | None = None) -> KernelLaunch:
+    """The dQ launch for inputs supports() accepted; lse and delta [B, Hq, Sq] contiguous.
+    config: a DQ_CONFIGS-style row instead of the table's (tuning)."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
+    block_m, block_n, num_stages, num_warps = config or DQ_CONFIGS[width(q, v)]
+    descriptors = dict(
+        q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
+        k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
+        v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
+        do_desc=_descriptor(dout.permute(0, 2, 1, 3), [1, 1, block_m, dim_v]))
+    args = dict(descriptors, lse_ptr=lse, delta_ptr=delta, dq_ptr=dq,
+                stride_dqb=dq.stride(0), stride_dqs=dq.stride(1), stride_dqh=dq.stride(2),
+                seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_q_heads=num_q_heads,
+                gqa_group_size=num_q_heads // num_kv_heads, softmax_scale=float(softmax_scale),
+                softmax_scale_log2=float(softmax_scale) * LOG2_E)
+    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, NUM_STAGES=num_stages)
+    grid = (-(-seqlen_q // block_m), num_q_heads, batch)
+    return KernelLaunch(attention_bwd_dq_sm90_kernel, grid, args, constexprs, num_warps, 1)
