@@ -1,8 +1,8 @@
-"""Compile the Hopper Gluon dK/dV kernel (kernels/attention/sm90_bwd.py) for sm90 without a GPU
-and check which calls the backward sends to it.
+"""Compile the Hopper Gluon backward kernels (kernels/attention/sm90_bwd.py: dK/dV and dQ) for
+sm90 without a GPU and check which calls the backward sends to them.
 
-Proves every CONFIGS row fits the SM's shared memory with its Q/dO ring, runs its four products
-on wgmma (HGMMA in the SASS) fed by TMA, and spills at most a few bytes (ptxas: no local
+Proves every table row fits the SM's shared memory with its TMA ring, runs its products on
+wgmma (HGMMA in the SASS) fed by TMA, and spills at most a few bytes (ptxas: no local
 memory beyond a handful of loads and stores), for causal and not, fp16, a padded head dim (96)
 and Dv != D. The dispatch half runs in the test's own process: dispatch asks for the Gluon
 kernels on Hopper, and the backward runs them exactly where gluon_applies() and their
@@ -25,15 +25,19 @@ from tileattn.kernels.compile import cross_compile_sm90
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
-def compile_case(head_dim, head_dim_v, causal, dtype):
+def compile_case(kernel, head_dim, head_dim_v, causal, dtype):
     q = torch.empty(2, 1000, 4, head_dim, dtype=dtype)
     k = torch.empty(2, 1100, 2, head_dim, dtype=dtype)
     v = torch.empty(2, 1100, 2, head_dim_v, dtype=dtype)
     dout = torch.empty(2, 1000, 4, head_dim_v, dtype=dtype)
     lse, delta = torch.empty(2, 4, 1000), torch.empty(2, 4, 1000)
     assert sm90_bwd.supports(q, k, v, dout)
-    launch = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, torch.empty_like(k),
-                                       torch.empty_like(v), causal=causal, softmax_scale=0.1)
+    if kernel == "dkdv":
+        launch = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, torch.empty_like(k),
+                                           torch.empty_like(v), causal=causal, softmax_scale=0.1)
+    else:
+        launch = sm90_bwd.dq_sm90_launch(q, k, v, dout, lse, delta, torch.empty_like(q),
+                                         causal=causal, softmax_scale=0.1)
     c = cross_compile_sm90(launch, 90)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"]); f.flush()
@@ -43,11 +47,12 @@ def compile_case(head_dim, head_dim_v, causal, dtype):
             "local": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
 
 rows = {}
-for d, dv in ((128, 128), (96, 96), (128, 64)):
-    for causal in (False, True):
-        rows[f"bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
-            d, dv, causal, torch.bfloat16)
-rows["fp16-D128-Dv128-causal"] = compile_case(128, 128, True, torch.float16)
+for kernel in ("dkdv", "dq"):
+    for d, dv in ((128, 128), (96, 96), (128, 64)):
+        for causal in (False, True):
+            rows[f"{kernel}-bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
+                kernel, d, dv, causal, torch.bfloat16)
+    rows[f"{kernel}-fp16-D128-Dv128-causal"] = compile_case(kernel, 128, 128, True, torch.float16)
 print(json.dumps(rows))
 '''
 
@@ -60,15 +65,18 @@ def compiled():
 
 
 def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
-    assert len(compiled) == 7
+    assert len(compiled) == 14
     for name, row in compiled.items():
         assert row["shared"] <= SM90_SHARED_BYTES, (name, row)
-        # sᵀ and dPᵀ take D/16 and Dv/16 k-steps, dV and dK BLOCK_M/16 each.
-        parts = name.split("-")
-        d, dv = (1 << (int(text) - 1).bit_length() for text in (parts[1][1:], parts[2][2:]))
-        assert row["hgmma"] == (d + dv) // 16 + 2 * sm90_bwd.DKDV_CONFIGS[128][1] // 16, (name, row)
+        kernel, _, d_text, dv_text, _ = name.split("-")
+        d, dv = (1 << (int(text) - 1).bit_length() for text in (d_text[1:], dv_text[2:]))
+        if kernel == "dkdv":   # sᵀ, dPᵀ: D/16 and Dv/16 k-steps; dV, dK: BLOCK_M/16 each
+            steps = (d + dv) // 16 + 2 * sm90_bwd.DKDV_CONFIGS[128][1] // 16
+        else:                  # S, dP: D/16 and Dv/16 k-steps; dQ: BLOCK_N/16
+            steps = (d + dv) // 16 + sm90_bwd.DQ_CONFIGS[128][1] // 16
+        assert row["hgmma"] == steps, (name, row)
         assert row["tma"] >= 2, (name, row)
-        assert row["local"] <= 8, (name, row)   # ptxas: at most an 8-byte spill (causal)
+        assert row["local"] <= 8, (name, row)   # ptxas: at most an 8-byte spill (causal dK/dV)
 
 
 def _launch_kernels(arch_name, head_dim=128, causal=True, kernel="sm90", **options):
@@ -84,9 +92,12 @@ def _launch_kernels(arch_name, head_dim=128, causal=True, kernel="sm90", **optio
     return [launch.kernel for launch in launches]
 
 
-def test_the_sm90_backward_runs_the_gluon_kernel_where_it_applies():
+def test_the_sm90_backward_runs_the_gluon_kernels_where_they_apply():
+    assert {sm90_bwd.attention_bwd_dkdv_sm90_kernel,
+            sm90_bwd.attention_bwd_dq_sm90_kernel} <= set(_launch_kernels("sm90"))
     gluon = sm90_bwd.attention_bwd_dkdv_sm90_kernel
-    assert gluon in _launch_kernels("sm90")
+    assert sm90_bwd.attention_bwd_dq_sm90_kernel not in _launch_kernels(
+        "sm90", dq_tiles=bwd.dq_config(arch_for_capability((9, 0)), 128, 128))
     assert gluon in _launch_kernels("sm90", head_dim=96, causal=False)
     assert gluon not in _launch_kernels("sm80")
     assert gluon not in _launch_kernels("sm90", head_dim=64)      # no row: portable wins there

@@ -1,5 +1,7 @@
-"""Hopper (sm90) dK/dV kernel of the attention backward in Gluon: TMA and wgmma with K and V
-left in shared memory, so the fp32 dK and dV accumulators have the registers to themselves.
+"""Hopper (sm90) kernels of the attention backward in Gluon, dK/dV and dQ: TMA and wgmma with
+the tile a program keeps (K and V, or Q and dO) in shared memory, so the fp32 accumulators have
+the registers to themselves. The dK/dV kernel is described here; the dQ kernel's docstring
+says how it differs.
 
 The portable kernel (bwd_dkdv.py) keeps K and V in registers as wgmma's A operands; at the
 tiles that keep wgmma busy (64 queries x 128 keys) that spills. Here one program owns BLOCK_N
@@ -36,10 +38,10 @@ from ..runtime import KernelLaunch
 from .configs import padded_head_dim
 from .sm90 import LOG2_E, _descriptor
 
-# padded head dim -> (keys a program, queries a step (wgmma's N for sᵀ and dPᵀ), Q/dO ring
-# stages, warps: 64 keys a warpgroup). One warpgroup of 64 keys (two programs an SM) beat 128
-# keys on two warpgroups by 5-7% and the portable kernel by 1.07-1.19x (whole backward, H100).
-# At D=64 no row beat the portable kernel (its 32 x 128 tile on 4 warps), so none is listed.
+# dK/dV: padded head dim -> (keys a program, queries a step (wgmma's N for sᵀ and dPᵀ), Q/dO
+# ring stages, warps: 64 keys a warpgroup). One warpgroup of 64 keys (two programs an SM) beat
+# 128 keys on two warpgroups by 5-7% (whole backward, H100). At D=64 no row of either kernel
+# beat the portable ones (docs/design.md, "Backward"), so none is listed.
 DKDV_CONFIGS = {128: (64, 64, 2, 4)}
 
 
@@ -344,8 +346,8 @@ def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax
     return KernelLaunch(attention_bwd_dkdv_sm90_kernel, grid, args, constexprs, num_warps, 1)
 
 
-# dQ pass: padded head dim -> (queries a program, keys a step, K/V ring stages, warps: 64
-# queries a warpgroup).
+# dQ: padded head dim -> (queries a program, keys a step, K/V ring stages, warps: 64 queries a
+# warpgroup); 64 queries on one warpgroup beat 128 on two (H100 A/B).
 DQ_CONFIGS = {128: (64, 64, 2, 4)}
 
 
