@@ -53,6 +53,9 @@ for kernel in ("dkdv", "dq"):
             rows[f"{kernel}-bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
                 kernel, d, dv, causal, torch.bfloat16)
     rows[f"{kernel}-fp16-D128-Dv128-causal"] = compile_case(kernel, 128, 128, True, torch.float16)
+# dQ alone has rows at 256 (and head dims that pad to it).
+for d, dv in ((256, 256), (192, 128)):
+    rows[f"dq-bf16-D{d}-Dv{dv}-causal"] = compile_case("dq", d, dv, True, torch.bfloat16)
 print(json.dumps(rows))
 '''
 
@@ -65,7 +68,7 @@ def compiled():
 
 
 def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
-    assert len(compiled) == 14
+    assert len(compiled) == 16
     for name, row in compiled.items():
         assert row["shared"] <= SM90_SHARED_BYTES, (name, row)
         kernel, _, d_text, dv_text, _ = name.split("-")
@@ -73,7 +76,7 @@ def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
         if kernel == "dkdv":   # sᵀ, dPᵀ: D/16 and Dv/16 k-steps; dV, dK: BLOCK_M/16 each
             steps = (d + dv) // 16 + 2 * sm90_bwd.DKDV_CONFIGS[128][1] // 16
         else:                  # S, dP: D/16 and Dv/16 k-steps; dQ: BLOCK_N/16
-            steps = (d + dv) // 16 + sm90_bwd.DQ_CONFIGS[128][1] // 16
+            steps = (d + dv) // 16 + sm90_bwd.DQ_CONFIGS[max(d, dv)][1] // 16
         assert row["hgmma"] == steps, (name, row)
         assert row["tma"] >= 2, (name, row)
         assert row["local"] <= 8, (name, row)   # ptxas: at most an 8-byte spill (causal dK/dV)
@@ -99,6 +102,8 @@ def test_the_sm90_backward_runs_the_gluon_kernels_where_they_apply():
     assert sm90_bwd.attention_bwd_dq_sm90_kernel not in _launch_kernels(
         "sm90", dq_tiles=bwd.dq_config(arch_for_capability((9, 0)), 128, 128))
     assert gluon in _launch_kernels("sm90", head_dim=96, causal=False)
+    at_256 = _launch_kernels("sm90", head_dim=256)   # dQ only: fp32 dK, dV would not fit
+    assert sm90_bwd.attention_bwd_dq_sm90_kernel in at_256 and gluon not in at_256
     assert gluon not in _launch_kernels("sm80")
     assert gluon not in _launch_kernels("sm90", head_dim=64)      # no row: portable wins there
     assert gluon not in _launch_kernels("sm90", window_left=100)

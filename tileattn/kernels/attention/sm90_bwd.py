@@ -347,8 +347,8 @@ def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax
 
 
 # dQ: padded head dim -> (queries a program, keys a step, K/V ring stages, warps: 64 queries a
-# warpgroup); 64 queries on one warpgroup beat 128 on two (H100 A/B).
-DQ_CONFIGS = {128: (64, 64, 2, 4)}
+# warpgroup); 64 queries on one warpgroup beat 128 on two, and 64-key steps 32 (H100 A/Bs).
+DQ_CONFIGS = {128: (64, 64, 2, 4), 256: (64, 64, 2, 4)}
 
 
 def dq_sm90_launch(q, k, v, dout, lse, delta, dq, *, causal: bool, softmax_scale: float,
