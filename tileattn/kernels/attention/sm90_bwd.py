@@ -43,20 +43,89 @@ from .sm90 import LOG2_E, _descriptor
 # 128 keys on two warpgroups by 5-7% (whole backward, H100). At D=64 no row of either kernel
 # beat the portable ones (docs/design.md, "Backward"), so none is listed.
 DKDV_CONFIGS = {128: (64, 64, 2, 4)}
+# dQ: padded head dim -> (queries a program, keys a step, K/V ring stages, warps: 64 queries a
+# warpgroup); 64 queries on one warpgroup beat 128 on two, and 64-key steps 32 (H100 A/Bs).
+DQ_CONFIGS = {128: (64, 64, 2, 4), 256: (64, 64, 2, 4)}
+
+
+# ---- what both kernels share ------------------------------------------------------------------
+
+@gluon.constexpr_function
+def _mma_layout(num_warps, n, dtype):
+    """The wgmma accumulator layout of a [rows, n] product on num_warps warps: each warpgroup
+    owns 64 contiguous rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                     instr_shape=[16, n, 256 // dtype.primitive_bitwidth])
+
+
+@gluon.constexpr_function
+def _a_operand_layout(parent, dtype):
+    """The register A-operand layout of a product whose accumulator has layout `parent`."""
+    return gl.DotOperandLayout(operand_index=0, parent=parent,
+                               k_width=32 // dtype.primitive_bitwidth)
 
 
 @gluon.jit
-def _load_step(i, steps_per_head, first_m, batch, kv_head, gqa_group_size,
-               q_desc, do_desc, q_smem, do_smem, ready, BLOCK_M: gl.constexpr,
-               NUM_STAGES: gl.constexpr):
-    """TMA of step i's Q and dO tiles into stage i % NUM_STAGES."""
+def _allocate(desc, NUM_STAGES: gl.constexpr):
+    """Shared memory for NUM_STAGES tiles of desc's box (0: one tile, no stage dim)."""
+    if NUM_STAGES == 0:
+        return gl.allocate_shared_memory(desc.dtype, desc.block_type.shape, desc.layout)
+    else:
+        return gl.allocate_shared_memory(desc.dtype, [NUM_STAGES] + desc.block_type.shape,
+                                         desc.layout)
+
+
+@gluon.jit
+def _barriers(COUNT: gl.constexpr):
+    """COUNT initialised mbarriers (one arrival each)."""
+    bars = gl.allocate_shared_memory(gl.int64, [COUNT, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(COUNT):
+        mbarrier.init(bars.index(i), count=1)
+    return bars
+
+
+@gluon.jit
+def _load_pair(a_desc, b_desc, batch, head, row, bar, a_dst, b_dst):
+    """TMA of the tiles at rows `row`.. of (batch, head) of two tensors, on one barrier."""
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [batch, head, row, 0], bar, a_dst)
+    tma.async_copy_global_to_shared(b_desc, [batch, head, row, 0], bar, b_dst)
+
+
+@gluon.jit
+def _row_statistics(lse_ptr, delta_ptr, row_offset, rows, seqlen_q):
+    """(lse in base 2, delta) of the query rows: lse +inf for a row past the end or one that
+    saw no key (lse -inf), so its P is 0."""
+    in_range = rows < seqlen_q
+    lse = gl.load(lse_ptr + row_offset + rows, mask=in_range, other=float("inf"))
+    delta = gl.load(delta_ptr + row_offset + rows, mask=in_range, other=0.0)
+    return gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), delta
+
+
+@gluon.jit
+def _store_rows(ptr, acc, first_row, num_rows, batch, head, stride_b, stride_s, stride_h,
+                WIDTH: gl.constexpr):
+    """acc as rows first_row.. of (batch, head) in ptr's dtype: rows below num_rows, the first
+    WIDTH columns (the rest is the tile's padding)."""
+    layout: gl.constexpr = acc.type.layout
+    rows = first_row + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    ptrs = (ptr + batch.to(gl.int64) * stride_b + head.to(gl.int64) * stride_h
+            + gl.expand_dims(rows.to(gl.int64) * stride_s, 1) + gl.expand_dims(cols, 0))
+    mask = gl.expand_dims(rows < num_rows, 1) & gl.expand_dims(cols < WIDTH, 0)
+    gl.store(ptrs, acc.to(ptr.dtype.element_ty), mask=mask)
+
+
+# ---- dK/dV ---------------------------------------------------------------------------------------
+
+@gluon.jit
+def _load_query_step(i, steps_per_head, first_m, batch, kv_head, gqa_group_size,
+                     q_desc, do_desc, q_smem, do_smem, ready, NUM_STAGES: gl.constexpr):
+    """TMA of step i's Q and dO tiles (head-major over the GQA group) into stage i % NUM_STAGES."""
     stage = i % NUM_STAGES
-    head = kv_head * gqa_group_size + i // steps_per_head
-    row = (first_m + i % steps_per_head) * BLOCK_M
-    bar = ready.index(stage)
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], bar, q_smem.index(stage))
-    tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], bar, do_smem.index(stage))
+    row = (first_m + i % steps_per_head) * q_desc.block_type.shape[2]
+    _load_pair(q_desc, do_desc, batch, kv_head * gqa_group_size + i // steps_per_head, row,
+               ready.index(stage), q_smem.index(stage), do_smem.index(stage))
 
 
 @gluon.jit
@@ -75,42 +144,20 @@ def attention_bwd_dkdv_sm90_kernel(
     D: gl.constexpr = q_desc.block_type.shape[3]
     DV: gl.constexpr = v_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
-    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
-    # Warps tile the keys: each warpgroup owns 64 rows of every product.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, INSTR_K])
-    dk_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, INSTR_K])
-    dv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, DV, INSTR_K])
-    dk_a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk_layout,
-                                                    k_width=K_WIDTH)
-    dv_a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dv_layout,
-                                                    k_width=K_WIDTH)
-    key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s_layout: gl.constexpr = _mma_layout(gl.num_warps(), BLOCK_M, dtype)
+    dk_layout: gl.constexpr = _mma_layout(gl.num_warps(), D, dtype)
+    dv_layout: gl.constexpr = _mma_layout(gl.num_warps(), DV, dtype)
 
     start_n = gl.program_id(0) * BLOCK_N
     kv_head = gl.program_id(1)
     batch = gl.program_id(2)
-
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape,
-                                       q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape,
-                                        do_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], kv_ready, v_smem)
+    k_smem = _allocate(k_desc, 0)
+    v_smem = _allocate(v_desc, 0)
+    q_smem = _allocate(q_desc, NUM_STAGES)
+    do_smem = _allocate(do_desc, NUM_STAGES)
+    kv_ready = _barriers(1)
+    ready = _barriers(NUM_STAGES)
+    _load_pair(k_desc, v_desc, batch, kv_head, start_n, kv_ready.index(0), k_smem, v_smem)
 
     # Bottom-right causal: query i sees key j <= i + shift, so the first query tile that sees
     # any of this block's keys starts at (start_n - shift) // BLOCK_M.
@@ -122,33 +169,30 @@ def attention_bwd_dkdv_sm90_kernel(
     total = steps_per_head * gqa_group_size
     for i in gl.static_range(NUM_STAGES - 1):
         if i < total:
-            _load_step(i, steps_per_head, first_m, batch, kv_head, gqa_group_size, q_desc,
-                       do_desc, q_smem, do_smem, ready, BLOCK_M, NUM_STAGES)
+            _load_query_step(i, steps_per_head, first_m, batch, kv_head, gqa_group_size,
+                             q_desc, do_desc, q_smem, do_smem, ready, NUM_STAGES)
 
     k_op = k_smem.reshape([BLOCK_N, D])
     v_op = v_smem.reshape([BLOCK_N, DV])
-    keys = start_n + gl.arange(0, BLOCK_N, layout=key_layout)
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
     dk = gl.zeros([BLOCK_N, D], gl.float32, layout=dk_layout)
     dv = gl.zeros([BLOCK_N, DV], gl.float32, layout=dv_layout)
-    mbarrier.wait(kv_ready, 0)
+    mbarrier.wait(kv_ready.index(0), 0)
     for i in range(total):
         # The stage step i + NUM_STAGES - 1 reuses was last read by step i - 1, whose products
         # all finished at the end of its iteration.
         if i + NUM_STAGES - 1 < total:
-            _load_step(i + NUM_STAGES - 1, steps_per_head, first_m, batch, kv_head,
-                       gqa_group_size, q_desc, do_desc, q_smem, do_smem, ready, BLOCK_M,
-                       NUM_STAGES)
+            _load_query_step(i + NUM_STAGES - 1, steps_per_head, first_m, batch, kv_head,
+                             gqa_group_size, q_desc, do_desc, q_smem, do_smem, ready,
+                             NUM_STAGES)
         stage = i % NUM_STAGES
         head = kv_head * gqa_group_size + i // steps_per_head
-        queries = (first_m + i % steps_per_head) * BLOCK_M + gl.arange(0, BLOCK_M,
-                                                                       layout=query_layout)
-        row_offset = (batch * num_q_heads + head).to(gl.int64) * seqlen_q
-        in_range = queries < seqlen_q
-        lse = gl.load(lse_ptr + row_offset + queries, mask=in_range, other=float("inf"))
-        delta = gl.load(delta_ptr + row_offset + queries, mask=in_range, other=0.0)
-        # A row that sees no key has lse -inf and P 0.
-        lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        queries = (first_m + i % steps_per_head) * BLOCK_M + gl.arange(
+            0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        lse_log2, delta = _row_statistics(lse_ptr, delta_ptr,
+                                          (batch * num_q_heads + head).to(gl.int64) * seqlen_q,
+                                          queries, seqlen_q)
 
         mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
         q_op = q_smem.index(stage).reshape([BLOCK_M, D])
@@ -162,29 +206,23 @@ def attention_bwd_dkdv_sm90_kernel(
             if (first_m + i % steps_per_head) * BLOCK_M + shift < start_n + BLOCK_N - 1:
                 visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + shift, 0)
                 p_t = gl.where(visible, p_t, 0.0)
-        p_lo = p_t.to(dtype)
-        dv = warpgroup_mma(gl.convert_layout(p_lo, dv_a_layout), do_op, dv, is_async=True)
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), _a_operand_layout(dv_layout, dtype)),
+                           do_op, dv, is_async=True)
         # Groups retire in order: one in flight (dV) means dPᵀ is done.
         dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
-        dk = warpgroup_mma(gl.convert_layout(ds_t, dk_a_layout), q_op, dk, is_async=True)
+        dk = warpgroup_mma(gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype)), q_op,
+                           dk, is_async=True)
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
-    dk = dk * softmax_scale
-    dk_rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, dk_layout))
-    dk_cols = gl.arange(0, D, layout=gl.SliceLayout(0, dk_layout))
-    dk_ptrs = (dk_ptr + batch.to(gl.int64) * stride_dkb + kv_head.to(gl.int64) * stride_dkh
-               + gl.expand_dims(dk_rows.to(gl.int64) * stride_dks, 1) + gl.expand_dims(dk_cols, 0))
-    dk_mask = gl.expand_dims(dk_rows < seqlen_k, 1) & gl.expand_dims(dk_cols < HEAD_DIM, 0)
-    gl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=dk_mask)
-    dv_rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, dv_layout))
-    dv_cols = gl.arange(0, DV, layout=gl.SliceLayout(0, dv_layout))
-    dv_ptrs = (dv_ptr + batch.to(gl.int64) * stride_dvb + kv_head.to(gl.int64) * stride_dvh
-               + gl.expand_dims(dv_rows.to(gl.int64) * stride_dvs, 1) + gl.expand_dims(dv_cols, 0))
-    dv_mask = gl.expand_dims(dv_rows < seqlen_k, 1) & gl.expand_dims(dv_cols < HEAD_DIM_V, 0)
-    gl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=dv_mask)
+    _store_rows(dk_ptr, dk * softmax_scale, start_n, seqlen_k, batch, kv_head, stride_dkb,
+                stride_dks, stride_dkh, HEAD_DIM)
+    _store_rows(dv_ptr, dv, start_n, seqlen_k, batch, kv_head, stride_dvb, stride_dvs,
+                stride_dvh, HEAD_DIM_V)
 
+
+# ---- dQ --------------------------------------------------------------------------------------------
 
 @gluon.jit
 def attention_bwd_dq_sm90_kernel(
@@ -205,37 +243,20 @@ def attention_bwd_dq_sm90_kernel(
     D: gl.constexpr = q_desc.block_type.shape[3]
     DV: gl.constexpr = v_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
-    INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, INSTR_K])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, INSTR_K])
-    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout,
-                                                  k_width=K_WIDTH)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s_layout: gl.constexpr = _mma_layout(gl.num_warps(), BLOCK_N, dtype)
+    dq_layout: gl.constexpr = _mma_layout(gl.num_warps(), D, dtype)
 
     start_m = gl.program_id(0) * BLOCK_M
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // gqa_group_size
-
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape,
-                                       k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape,
-                                       v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [batch, head, start_m, 0], q_ready, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [batch, head, start_m, 0], q_ready, do_smem)
+    q_smem = _allocate(q_desc, 0)
+    do_smem = _allocate(do_desc, 0)
+    k_smem = _allocate(k_desc, NUM_STAGES)
+    v_smem = _allocate(v_desc, NUM_STAGES)
+    q_ready = _barriers(1)
+    ready = _barriers(NUM_STAGES)
+    _load_pair(q_desc, do_desc, batch, head, start_m, q_ready.index(0), q_smem, do_smem)
 
     # Bottom-right causal: the block's last query sees keys up to start_m + BLOCK_M - 1 + shift.
     shift = seqlen_k - seqlen_q
@@ -245,37 +266,28 @@ def attention_bwd_dq_sm90_kernel(
     num_blocks = gl.cdiv(end_n, BLOCK_N)
     for j in gl.static_range(NUM_STAGES - 1):
         if j < num_blocks:
-            bar = ready.index(j)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, j * BLOCK_N, 0], bar,
-                                            k_smem.index(j))
-            tma.async_copy_global_to_shared(v_desc, [batch, kv_head, j * BLOCK_N, 0], bar,
-                                            v_smem.index(j))
+            _load_pair(k_desc, v_desc, batch, kv_head, j * BLOCK_N, ready.index(j),
+                       k_smem.index(j), v_smem.index(j))
 
-    queries = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    row_offset = (batch * num_q_heads + head).to(gl.int64) * seqlen_q
-    in_range = queries < seqlen_q
-    lse = gl.load(lse_ptr + row_offset + queries, mask=in_range, other=float("inf"))
-    delta = gl.expand_dims(gl.load(delta_ptr + row_offset + queries, mask=in_range, other=0.0), 1)
-    # A row that sees no key has lse -inf and P 0.
-    lse_log2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"),
-                                       lse * 1.4426950408889634), 1)
+    queries = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    lse_log2, delta = _row_statistics(lse_ptr, delta_ptr,
+                                      (batch * num_q_heads + head).to(gl.int64) * seqlen_q,
+                                      queries, seqlen_q)
+    lse_log2 = gl.expand_dims(lse_log2, 1)
+    delta = gl.expand_dims(delta, 1)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     dq = gl.zeros([BLOCK_M, D], gl.float32, layout=dq_layout)
     q_op = q_smem.reshape([BLOCK_M, D])
     do_op = do_smem.reshape([BLOCK_M, DV])
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(q_ready.index(0), 0)
     for j in range(num_blocks):
         # The stage block j + NUM_STAGES - 1 reuses was last read by block j - 1, whose
         # products all finished at the end of its iteration.
         nxt = j + NUM_STAGES - 1
         if nxt < num_blocks:
-            bar = ready.index(nxt % NUM_STAGES)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, nxt * BLOCK_N, 0], bar,
-                                            k_smem.index(nxt % NUM_STAGES))
-            tma.async_copy_global_to_shared(v_desc, [batch, kv_head, nxt * BLOCK_N, 0], bar,
-                                            v_smem.index(nxt % NUM_STAGES))
+            _load_pair(k_desc, v_desc, batch, kv_head, nxt * BLOCK_N,
+                       ready.index(nxt % NUM_STAGES), k_smem.index(nxt % NUM_STAGES),
+                       v_smem.index(nxt % NUM_STAGES))
         stage = j % NUM_STAGES
         mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
         k_op = k_smem.index(stage).reshape([BLOCK_N, D])
@@ -287,22 +299,17 @@ def attention_bwd_dq_sm90_kernel(
         if CAUSAL:
             # Only blocks whose last key lies past the block's first query's position.
             if (j + 1) * BLOCK_N - 1 > start_m + shift:
-                keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+                keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
                 visible = gl.expand_dims(keys, 0) <= gl.expand_dims(queries + shift, 1)
                 p = gl.where(visible, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=(dp,))
-        ds = gl.convert_layout((p * (dp - delta)).to(dtype), ds_layout)
+        ds = gl.convert_layout((p * (dp - delta)).to(dtype), _a_operand_layout(dq_layout, dtype))
         dq = warpgroup_mma(ds, k_op, dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq,))
 
     # dQ = softmax_scale · dS K: the scale of the score's derivative, applied once here.
-    dq = dq * softmax_scale
-    dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_cols = gl.arange(0, D, layout=gl.SliceLayout(0, dq_layout))
-    dq_ptrs = (dq_ptr + batch.to(gl.int64) * stride_dqb + head.to(gl.int64) * stride_dqh
-               + gl.expand_dims(dq_rows.to(gl.int64) * stride_dqs, 1) + gl.expand_dims(dq_cols, 0))
-    dq_mask = gl.expand_dims(dq_rows < seqlen_q, 1) & gl.expand_dims(dq_cols < HEAD_DIM, 0)
-    gl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=dq_mask)
+    _store_rows(dq_ptr, dq * softmax_scale, start_m, seqlen_q, batch, head, stride_dqb,
+                stride_dqs, stride_dqh, HEAD_DIM)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> bool:
@@ -321,54 +328,45 @@ def width(q: torch.Tensor, v: torch.Tensor) -> int:
     return max(padded_head_dim(q.shape[-1]), padded_head_dim(v.shape[-1]))
 
 
+def _common_args(q, k, v, dout, lse, delta, block_m: int, block_n: int,
+                 softmax_scale: float) -> dict:
+    """Both kernels' arguments: TMA descriptors ([batch, heads, seqlen, padded head dim] views,
+    block_m rows for Q and dO, block_n for K and V), lse, delta, sizes and scales."""
+    num_q_heads, head_dim = q.shape[2], q.shape[3]
+    dim, dim_v = padded_head_dim(head_dim), padded_head_dim(v.shape[3])
+    return dict(
+        q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
+        k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
+        v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
+        do_desc=_descriptor(dout.permute(0, 2, 1, 3), [1, 1, block_m, dim_v]),
+        lse_ptr=lse, delta_ptr=delta, seqlen_q=q.shape[1], seqlen_k=k.shape[1],
+        num_q_heads=num_q_heads, gqa_group_size=num_q_heads // k.shape[2],
+        softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E)
+
+
 def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax_scale: float,
                      config: tuple[int, int, int, int] | None = None) -> KernelLaunch:
     """The dK/dV launch for inputs supports() accepted; lse and delta [B, Hq, Sq] contiguous.
     config: a DKDV_CONFIGS-style row instead of the table's (tuning)."""
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-    dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
     block_n, block_m, num_stages, num_warps = config or DKDV_CONFIGS[width(q, v)]
-    descriptors = dict(
-        q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
-        k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
-        v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
-        do_desc=_descriptor(dout.permute(0, 2, 1, 3), [1, 1, block_m, dim_v]))
-    args = dict(descriptors, lse_ptr=lse, delta_ptr=delta, dk_ptr=dk, dv_ptr=dv,
+    args = dict(_common_args(q, k, v, dout, lse, delta, block_m, block_n, softmax_scale),
+                dk_ptr=dk, dv_ptr=dv,
                 stride_dkb=dk.stride(0), stride_dks=dk.stride(1), stride_dkh=dk.stride(2),
-                stride_dvb=dv.stride(0), stride_dvs=dv.stride(1), stride_dvh=dv.stride(2),
-                seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_q_heads=num_q_heads,
-                gqa_group_size=num_q_heads // num_kv_heads, softmax_scale=float(softmax_scale),
-                softmax_scale_log2=float(softmax_scale) * LOG2_E)
-    constexprs = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, CAUSAL=causal,
+                stride_dvb=dv.stride(0), stride_dvs=dv.stride(1), stride_dvh=dv.stride(2))
+    constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
                       NUM_STAGES=num_stages)
-    grid = (-(-seqlen_k // block_n), num_kv_heads, batch)
+    grid = (-(-k.shape[1] // block_n), k.shape[2], q.shape[0])
     return KernelLaunch(attention_bwd_dkdv_sm90_kernel, grid, args, constexprs, num_warps, 1)
-
-
-# dQ: padded head dim -> (queries a program, keys a step, K/V ring stages, warps: 64 queries a
-# warpgroup); 64 queries on one warpgroup beat 128 on two, and 64-key steps 32 (H100 A/Bs).
-DQ_CONFIGS = {128: (64, 64, 2, 4), 256: (64, 64, 2, 4)}
 
 
 def dq_sm90_launch(q, k, v, dout, lse, delta, dq, *, causal: bool, softmax_scale: float,
                    config: tuple[int, int, int, int] | None = None) -> KernelLaunch:
     """The dQ launch for inputs supports() accepted; lse and delta [B, Hq, Sq] contiguous.
     config: a DQ_CONFIGS-style row instead of the table's (tuning)."""
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_k, num_kv_heads, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-    dim, dim_v = padded_head_dim(head_dim), padded_head_dim(head_dim_v)
     block_m, block_n, num_stages, num_warps = config or DQ_CONFIGS[width(q, v)]
-    descriptors = dict(
-        q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
-        k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
-        v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
-        do_desc=_descriptor(dout.permute(0, 2, 1, 3), [1, 1, block_m, dim_v]))
-    args = dict(descriptors, lse_ptr=lse, delta_ptr=delta, dq_ptr=dq,
-                stride_dqb=dq.stride(0), stride_dqs=dq.stride(1), stride_dqh=dq.stride(2),
-                seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_q_heads=num_q_heads,
-                gqa_group_size=num_q_heads // num_kv_heads, softmax_scale=float(softmax_scale),
-                softmax_scale_log2=float(softmax_scale) * LOG2_E)
-    constexprs = dict(HEAD_DIM=head_dim, CAUSAL=causal, NUM_STAGES=num_stages)
-    grid = (-(-seqlen_q // block_m), num_q_heads, batch)
+    args = dict(_common_args(q, k, v, dout, lse, delta, block_m, block_n, softmax_scale),
+                dq_ptr=dq, stride_dqb=dq.stride(0), stride_dqs=dq.stride(1),
+                stride_dqh=dq.stride(2))
+    constexprs = dict(HEAD_DIM=q.shape[3], CAUSAL=causal, NUM_STAGES=num_stages)
+    grid = (-(-q.shape[1] // block_m), q.shape[2], q.shape[0])
     return KernelLaunch(attention_bwd_dq_sm90_kernel, grid, args, constexprs, num_warps, 1)
