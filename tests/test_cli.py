@@ -62,6 +62,20 @@ def test_info_in_the_interpreter_names_it_and_its_configs(capsys):
     assert "the interpreter's small tiles" in out
     assert "TileConfig(block_m=32, block_n=16" in out   # the interpreter's row (fwd.CONFIGS)
     assert "Hopper" not in out
+    assert "D=128: dK/dV portable TileConfig(block_m=16, block_n=16" in out
+    assert "Gluon" not in out
+
+
+def test_info_for_a_hopper_row_names_the_gluon_backward_rows(capsys, monkeypatch):
+    import tileattn.arch
+    from tileattn.kernels.attention import sm90_bwd
+    monkeypatch.setattr(tileattn.arch, "arch_of",
+                        lambda device: tileattn.arch.arch_for_capability((9, 0)))
+    cli.main(["info"])
+    out = capsys.readouterr().out
+    assert f"D=128: dK/dV Gluon {sm90_bwd.DKDV_CONFIGS[128]}, dQ Gluon {sm90_bwd.DQ_CONFIGS[128]}" in out
+    assert "D=64: dK/dV portable TileConfig(block_m=32, block_n=128" in out
+    assert f"D=256: dK/dV portable TileConfig(block_m=64, block_n=64, num_warps=8, num_stages=2), dQ Gluon {sm90_bwd.DQ_CONFIGS[256]}" in out
 
 
 def test_accuracy_in_the_interpreter_says_so_and_writes_no_results(capsys, tmp_path):

@@ -155,6 +155,21 @@ def _info(args) -> None:
                                            causal=True)
             extra = f", causal {causal_config}" if causal_config != config else ""
             print(f"    D={head_dim}: {config}{extra}")
+    print("attention backward (dK/dV pass, then a fixed-order dQ pass):")
+    from tileattn.kernels.attention import bwd
+    hopper = dispatch.backward_kernel(arch, settings) == "sm90"
+    if hopper:
+        from tileattn.kernels.attention import sm90_bwd
+        print("  Gluon rows (sm90_bwd.py) serve dense calls without windows or score hooks; the "
+              "portable kernels the rest")
+    for head_dim in (64, 128, 256):
+        passes = []
+        for name, table, portable in (("dK/dV", "DKDV_CONFIGS", bwd.dkdv_config),
+                                      ("dQ", "DQ_CONFIGS", bwd.dq_config)):
+            row = getattr(sm90_bwd, table).get(head_dim) if hopper else None
+            passes.append(f"{name} Gluon {row}" if row else
+                          f"{name} portable {portable(arch, head_dim, head_dim)}")
+        print(f"  D={head_dim}: " + ", ".join(passes))
     print("MLA decode (per H*q_len rows a sequence):")
     for rows in (16, 128):
         config = mla_decode.config_for(arch, None, rows)
