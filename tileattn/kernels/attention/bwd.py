@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from ...arch import Arch
-from .bwd_dkdv import attention_bwd_dkdv_kernel
 from . import sm90_bwd
+from .bwd_dkdv import attention_bwd_dkdv_kernel
 from .bwd_dq import attention_bwd_dq_kernel
 from .bwd_scores import packed_rows
 from .configs import SAME_CONFIGS_AS, TileConfig, padded_head_dim
