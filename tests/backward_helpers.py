@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tileattn import dispatch
 from tileattn.arch import arch_of
 from tileattn.kernels import mods
 from tileattn.kernels.attention.bwd import attention_backward
@@ -162,10 +163,14 @@ def poisoned_like(x: torch.Tensor) -> torch.Tensor:
 
 
 def run_backward(problem: Problem, dq=None, dk=None, dv=None, *, deterministic=False, q=None,
-                 k=None, v=None):
+                 k=None, v=None, kernel=None):
     """The launcher on the problem's inputs (or the strided views q/k/v given for them),
-    writing into dq/dk/dv (poisoned fresh tensors unless given). Returns (dq, dk, dv)."""
+    writing into dq/dk/dv (poisoned fresh tensors unless given), with the kernels `kernel`
+    names or else the ones dispatch picks for the device (what attention()'s backward runs).
+    Returns (dq, dk, dv)."""
     case = problem.case
+    arch = arch_of(problem.q.device)
+    kernel = kernel or dispatch.backward_kernel(arch, dispatch.current())
     q, k, v = (problem.q if q is None else q, problem.k if k is None else k,
                problem.v if v is None else v)
     dq, dk, dv = (poisoned_like(x) if given is None else given
@@ -175,8 +180,8 @@ def run_backward(problem: Problem, dq=None, dk=None, dv=None, *, deterministic=F
         softmax_scale=problem.softmax_scale, window_left=case.window_left,
         window_right=case.window_right, cu_seqlens_q=problem.cu_seqlens_q,
         cu_seqlens_k=problem.cu_seqlens_k, max_seqlen_q=problem.max_seqlen_q,
-        max_seqlen_k=problem.max_seqlen_k, deterministic=deterministic, arch=arch_of(q.device),
-        **hooks(case, problem.slopes))
+        max_seqlen_k=problem.max_seqlen_k, deterministic=deterministic, arch=arch,
+        kernel=kernel, **hooks(case, problem.slopes))
     return dq, dk, dv
 
 

@@ -1,6 +1,8 @@
 """The attention backward kernels on a real GPU at real sizes against fp64 autograd: every
 head dim, long and lopsided contexts, both dQ modes, the mask/score features, varlen and
-fused gradient buffers. Skipped on machines without CUDA; run through the device tool."""
+fused gradient buffers. The kernels are the ones dispatch picks (on Hopper the Gluon kernels of
+sm90_bwd.py where they apply); test_hopper_and_portable_kernels_agree runs both on Hopper.
+Skipped on machines without CUDA; run through the device tool."""
 
 import pytest
 import torch
@@ -90,4 +92,28 @@ def test_deterministic_repeats_bit_identically_and_matches_default():
     tolerance = GRAD_TOLERANCES[torch.bfloat16]
     check_gradients(problem, default, tolerance)
     for a, b in zip(first, default):
+        assert relative_error(a, b.double()) < tolerance
+
+
+HOPPER_CASES = [
+    BackwardCase(2, 1000, 1000, 8, 2, 128, 128, causal=True),
+    BackwardCase(1, 3000, 17, 4, 2, 128, 128, causal=True),     # rows that see no key
+    BackwardCase(1, 17, 3000, 4, 1, 96, 96, causal=True),
+    BackwardCase(2, 999, 1031, 8, 4, 128, 64),                  # Dv != D, odd lengths
+    BackwardCase(1, 1000, 1300, 4, 2, 192, 128, causal=True),   # the D=256 dQ row
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", HOPPER_CASES, ids=str)
+def test_hopper_and_portable_kernels_agree(case, dtype):
+    problem = make_problem(case, dtype, "cuda", seed=6)
+    tolerance = GRAD_TOLERANCES[dtype]
+    hopper = run_backward(problem, deterministic=True, kernel="sm90")
+    portable = run_backward(problem, deterministic=True, kernel="portable")
+    check_gradients(problem, hopper, tolerance)
+    check_gradients(problem, portable, tolerance)
+    for a, b in zip(hopper, portable):
         assert relative_error(a, b.double()) < tolerance
