@@ -27,7 +27,7 @@ MLA_KERNELS = ("auto", "triton", "gluon")
 class Settings:
     """Explicit kernel choices. "auto" takes the measured choice; another value forces that
     kernel wherever it supports the inputs (and the default kernel elsewhere)."""
-    attention: str = "auto"   # forward attention: "auto", "portable" or "sm90" (Hopper Gluon)
+    attention: str = "auto"   # attention, forward and backward: "auto", "portable" or "sm90"
     mla: str = "auto"         # MLA decode partial kernel: "auto", "triton" or "gluon"
 
     def __post_init__(self):
