@@ -93,6 +93,22 @@ def _load_pair(a_desc, b_desc, batch, head, row, bar, a_dst, b_dst):
 
 
 @gluon.jit
+def _staying_and_streaming(stay_a, stay_b, ring_a, ring_b, batch, head, row,
+                           NUM_STAGES: gl.constexpr):
+    """A program's shared memory: the pair of tiles it keeps (loaded here, from rows `row`.. of
+    (batch, head), on the returned stay barrier) and the ring of NUM_STAGES pairs it streams,
+    one ready barrier a stage. Returns (a, b, ring a, ring b, stay barrier, ring barriers)."""
+    a_smem = _allocate(stay_a, 0)
+    b_smem = _allocate(stay_b, 0)
+    ring_a_smem = _allocate(ring_a, NUM_STAGES)
+    ring_b_smem = _allocate(ring_b, NUM_STAGES)
+    stay_ready = _barriers(1)
+    ready = _barriers(NUM_STAGES)
+    _load_pair(stay_a, stay_b, batch, head, row, stay_ready.index(0), a_smem, b_smem)
+    return a_smem, b_smem, ring_a_smem, ring_b_smem, stay_ready, ready
+
+
+@gluon.jit
 def _row_statistics(lse_ptr, delta_ptr, row_offset, rows, seqlen_q):
     """(lse in base 2, delta) of the query rows: lse +inf for a row past the end or one that
     saw no key (lse -inf), so its P is 0."""
@@ -151,13 +167,8 @@ def attention_bwd_dkdv_sm90_kernel(
     start_n = gl.program_id(0) * BLOCK_N
     kv_head = gl.program_id(1)
     batch = gl.program_id(2)
-    k_smem = _allocate(k_desc, 0)
-    v_smem = _allocate(v_desc, 0)
-    q_smem = _allocate(q_desc, NUM_STAGES)
-    do_smem = _allocate(do_desc, NUM_STAGES)
-    kv_ready = _barriers(1)
-    ready = _barriers(NUM_STAGES)
-    _load_pair(k_desc, v_desc, batch, kv_head, start_n, kv_ready.index(0), k_smem, v_smem)
+    k_smem, v_smem, q_smem, do_smem, kv_ready, ready = _staying_and_streaming(
+        k_desc, v_desc, q_desc, do_desc, batch, kv_head, start_n, NUM_STAGES)
 
     # Bottom-right causal: query i sees key j <= i + shift, so the first query tile that sees
     # any of this block's keys starts at (start_n - shift) // BLOCK_M.
@@ -250,13 +261,8 @@ def attention_bwd_dq_sm90_kernel(
     head = gl.program_id(1)
     batch = gl.program_id(2)
     kv_head = head // gqa_group_size
-    q_smem = _allocate(q_desc, 0)
-    do_smem = _allocate(do_desc, 0)
-    k_smem = _allocate(k_desc, NUM_STAGES)
-    v_smem = _allocate(v_desc, NUM_STAGES)
-    q_ready = _barriers(1)
-    ready = _barriers(NUM_STAGES)
-    _load_pair(q_desc, do_desc, batch, head, start_m, q_ready.index(0), q_smem, do_smem)
+    q_smem, do_smem, k_smem, v_smem, q_ready, ready = _staying_and_streaming(
+        q_desc, do_desc, k_desc, v_desc, batch, head, start_m, NUM_STAGES)
 
     # Bottom-right causal: the block's last query sees keys up to start_m + BLOCK_M - 1 + shift.
     shift = seqlen_k - seqlen_q
