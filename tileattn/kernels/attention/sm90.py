@@ -159,7 +159,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         tile_starts_ptr  int32 [programs + 1]: program p runs
                          tile_ids[tile_starts[p]:tile_starts[p + 1]]
     gqa_group_size = num_q_heads // num_kv_heads; softmax_scale_log2 = softmax scale * log2(e),
-    or with SOFTCAP cap * log2(e) and softcap_in = 2 * log2(e) * softmax scale / cap; with
+    or with SOFTCAP cap * log2(e) and softcap_in = softmax scale / cap; with
     HAS_LEFT a left window of window_left keys (Problem). Block lists (KV_BLOCK > 0, a
     BlockMask's; tileattn/flex/tile_plan.py):
         tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
@@ -290,7 +290,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // num_kv_heads,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
-        softcap_in=2 * LOG2_E * softmax_scale / softcap if softcap > 0 else 0.0,
+        softcap_in=softmax_scale / softcap if softcap > 0 else 0.0,
         window_left=max(window_left, 0),
         tile_lists_ptr=block_plan.tile_lists if block_plan is not None else None,
         kv_index_ptr=block_plan.kv_indices if block_plan is not None else None,

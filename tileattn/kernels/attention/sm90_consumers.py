@@ -189,9 +189,13 @@ class Consumer:
         causal_shift = tile.seqlen_k - tile.seqlen_q
         qk_scale = problem.softmax_scale_log2
         if problem.SOFTCAP:
-            # tanh(x) = 1 - 2 / (e^2x + 1), as the portable kernel's softcap hook (kernels/
-            # mods.py) computes it, so that its backward recomputes the same P; before masking.
-            s = 1.0 - 2.0 / (gl.exp2(s * problem.softcap_in) + 1.0)
+            # Before masking. The hardware tanh (one special-function op; relative error
+            # 2^-11) rather than the portable hook's exp2 and division (kernels/mods.py,
+            # which the backward recomputes P with): three such ops a score left the softmax
+            # bound by that unit (docs/design.md, "Serving masks and varlen/paged prefill").
+            s = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f",
+                                          [s * problem.softcap_in], dtype=gl.float32,
+                                          is_pure=True, pack=1)
         if problem.SCORE_MOD is not None:
             # Hooks see natural-log scores; the softmax then works in base 2.
             s = problem.SCORE_MOD(s * (qk_scale * 0.6931471805599453), tile.batch, tile.head,

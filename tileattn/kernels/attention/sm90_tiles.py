@@ -32,8 +32,8 @@ TILE_LIST_FIELDS = gl.constexpr(5)
 class Problem:
     """What every partition knows: this program's work list, the problem's sizes, the softmax
     scale (base 2) and the tile shape (BLOCK_M queries, BLOCK_N keys, NUM_STAGES K/V buffers).
-    With SOFTCAP, scores become cap·tanh(scale·q·k / cap): softcap_in = 2·log2(e)·scale / cap
-    (tanh's exp2 argument per raw score) and softmax_scale_log2 = cap·log2(e). With HAS_LEFT,
+    With SOFTCAP, scores become cap·tanh(scale·q·k / cap): softcap_in = scale / cap (tanh's
+    argument per raw score) and softmax_scale_log2 = cap·log2(e). With HAS_LEFT,
     query i (at key position p = i + seqlen_k - seqlen_q) sees no key before p - window_left
     (masks.py's rule): tiles visit only the key blocks of their window. With KV_BLOCK > 0 the
     tiles visit block lists (module docstring; tile_lists, kv_index_ptr, full_index_ptr).
