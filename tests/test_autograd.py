@@ -1,5 +1,5 @@
-"""Gradients through the public functions (the custom ops' registered backward) against fp64
-autograd, torch.compile of forward + backward, the refusals, and a short training run that must
+"""Gradients through the public functions (eager: ops/backward.py's Functions; traced: the
+custom ops' registered backward) against fp64 autograd, torch.compile of forward + backward, the refusals, and a short training run that must
 track PyTorch's SDPA. The kernels themselves are tested in tests/test_attention_bwd.py."""
 
 import pytest
@@ -57,6 +57,38 @@ def test_varlen_gradients():
     expected = torch.autograd.grad(ref, leaves, dout.double())
     for grad, want in zip(grads, expected):
         assert _relative(grad, want) < GRAD_TOLERANCES[torch.float16]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_eager_autograd_equals_the_ops_registered_autograd(varlen):
+    """Eager calls that need a gradient skip the custom op's dispatch (ops/backward.py's
+    Functions); calling the op itself runs its registered autograd. Same kernels, so the same
+    outputs and gradients, bit for bit, with a gradient on lse too."""
+    gen = torch.Generator().manual_seed(5)
+    if varlen:
+        cu = torch.tensor([0, 7, 7, 30], dtype=torch.int32, device=DEVICE)
+        shapes, extra = ((30, 4), (30, 2), (30, 2)), (cu, cu, 23, 23)
+    else:
+        shapes, extra = ((1, 23, 4), (1, 23, 2), (1, 23, 2)), ()
+    leaves = [torch.randn(*shape, 64, generator=gen).to(DEVICE, torch.bfloat16)
+              for shape in shapes]
+    public = tileattn.attention_varlen if varlen else tileattn.attention
+    op = library.attention_varlen if varlen else library.attention
+    options = (True, 0.125, 5, -1, 2.0, None) + ((None,) if varlen else ()) + (None,) * 4 + (False,)
+    results = []
+    for call in ("public", "op"):
+        q, k, v = (x.clone().requires_grad_() for x in leaves)
+        if call == "public":
+            out, lse = public(q, k, v, *extra, causal=True, softmax_scale=0.125,
+                              window_size=(5, -1), softcap=2.0, return_lse=True)
+            assert type(out.grad_fn).__name__.startswith("EagerAttention"), out.grad_fn
+        else:
+            out, lse = op(q, k, v, *extra, *options)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(out)
+        ((out.float() * dout.float()).sum() + lse.sum()).backward()
+        results.append((out, lse, q.grad, k.grad, v.grad))
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
 
 
 def test_compile_forward_and_backward_matches_eager():

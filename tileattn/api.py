@@ -13,8 +13,8 @@ import torch
 from . import checks
 from .dispatch import use_kernels
 from .ops import attention as attention_op
+from .ops import backward as backward_ops
 from .ops import decode as decode_op
-from .ops import backward as _autograd  # noqa: F401  (registers the ops' backward)
 from .ops import library
 from .ops import mla as mla_op
 from .ops.mla import PerformanceWarning
@@ -52,12 +52,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
     Tensors must be on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1 set before import
     (the same Triton kernels run in Triton's interpreter).
     """
-    if _through_op("attention", dict(q=q, k=k, v=v), dict(q_descale=q_descale,
-                   k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes)):
-        out, lse = library.attention(
-            q, k, v, causal, _scale(softmax_scale, q), *window_size, float(softcap),
-            alibi_slopes, q_descale, k_descale, v_descale, out_dtype,
-            checks.flag("deterministic", deterministic))
+    route = _route("attention", dict(q=q, k=k, v=v), dict(
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes))
+    if route is not None:
+        op = library.attention if route == "op" else backward_ops.EagerAttention.apply
+        out, lse = op(q, k, v, causal, _scale(softmax_scale, q), *window_size, float(softcap),
+                      alibi_slopes, q_descale, k_descale, v_descale, out_dtype,
+                      checks.flag("deterministic", deterministic))
         return (out, lse) if return_lse else out
     return attention_op.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                 window_size=window_size, softcap=softcap,
@@ -95,10 +96,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     writes outside its tensors, and page ids outside the cache give NaN rows.
     """
     paged = block_table is not None     # no gradient for a paged cache
-    if _through_op("attention_varlen", dict(q=q) if paged else dict(q=q, k=k, v=v), dict(
-            k=k if paged else None, v=v if paged else None, q_descale=q_descale,
-            k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes)):
-        out, lse = library.attention_varlen(
+    route = _route("attention_varlen", dict(q=q) if paged else dict(q=q, k=k, v=v), dict(
+        k=k if paged else None, v=v if paged else None, q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale, alibi_slopes=alibi_slopes))
+    if route is not None:
+        op = library.attention_varlen if route == "op" else backward_ops.EagerAttentionVarlen.apply
+        out, lse = op(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
             _scale(softmax_scale, q), *window_size, float(softcap), alibi_slopes, block_table,
             q_descale, k_descale, v_descale, out_dtype, checks.flag("deterministic", deterministic))
@@ -162,8 +165,8 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
     outside kv_cache (an out-of-range page id is not followed: it reads page 0, a wrong but
     bounded answer inside a graph), and rows of a stale plan come out NaN.
     """
-    if plan is not None and _through_op("mla_decode", {}, dict(q=q, kv_cache=kv_cache,
-                                                                kv_descale=kv_descale)):
+    if plan is not None and _route("mla_decode", {}, dict(q=q, kv_cache=kv_cache,
+                                                         kv_descale=kv_descale)) == "op":
         out, lse = library.mla_decode(
             q, kv_cache, page_table, seq_lens, float(softmax_scale), kv_descale, plan.work,
             plan.batch_slots, plan.partial_out, plan.partial_lse, mla_op.plan_fields(plan))
@@ -173,26 +176,27 @@ def mla_decode(q, kv_cache, page_table, seq_lens, *, softmax_scale, kv_descale=N
                          validate=validate)
 
 
-def _through_op(function: str, differentiable: dict, constant: dict) -> bool:
-    """Whether a call goes through its custom op (ops/library.py): while torch.compile traces,
-    for tensors other than plain ones (meta, fake, functional), and where autograd records a
-    graph. Plain eager calls run the op's implementation directly. Tensors in `constant`
-    have no gradient: one that requires grad while autograd records is refused, as are
+def _route(function: str, differentiable: dict, constant: dict) -> str | None:
+    """How a call runs: "op" through its custom op (ops/library.py) while torch.compile
+    traces and for tensors other than plain ones (meta, fake, functional); "autograd" where
+    eager autograd records a graph (ops/backward.py's Functions: the op's autograd without its
+    dispatch); None for the op's implementation directly. Tensors in `constant` have no
+    gradient: one that requires grad while autograd records is refused, as are
     differentiable ones of a dtype without a backward pass (FP8)."""
     if torch.compiler.is_compiling():
-        return True
+        return "op"
     grad = torch.is_grad_enabled()
     needs_grad = False
     for name, t in (*differentiable.items(), *constant.items()):
         if not isinstance(t, torch.Tensor):
             continue        # the checks name it
         if type(t) is not torch.Tensor or t.device.type == "meta":
-            return True
+            return "op"
         if grad and t.requires_grad:
             if name not in differentiable or t.dtype not in (torch.float16, torch.bfloat16):
                 checks.no_grad(function, **{name: t})
             needs_grad = True
-    return needs_grad
+    return "autograd" if needs_grad else None
 
 
 def _scale(softmax_scale, q) -> float:

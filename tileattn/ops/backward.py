@@ -22,13 +22,13 @@ from ..kernels.runtime import on_device
 from . import library
 
 
-@torch.library.custom_op("tileattn::attention_backward", mutates_args=())
-def attention_backward(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                       lse: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
-                       max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                       softmax_scale: float, window_left: int, window_right: int,
-                       softcap: float, alibi_slopes: Tensor | None, deterministic: bool
-                       ) -> tuple[Tensor, Tensor, Tensor]:
+def backward_impl(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                  lse: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                  max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
+                  window_left: int, window_right: int, softcap: float,
+                  alibi_slopes: Tensor | None, deterministic: bool
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """tileattn::attention_backward's implementation (eager autograd calls it directly)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -51,6 +51,10 @@ def attention_backward(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tens
     return dq, dk, dv
 
 
+attention_backward = torch.library.custom_op("tileattn::attention_backward", backward_impl,
+                                             mutates_args=())
+
+
 @attention_backward.register_fake
 def _attention_backward_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                              max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left,
@@ -70,12 +74,12 @@ def _save_dense(ctx, inputs, output):
     ctx.out_dtype_differs = out.dtype != q.dtype
 
 
-def _dense_backward(ctx, dout, dlse):
+def _dense_backward(ctx, dout, dlse, backward=attention_backward):
     q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
     causal, softmax_scale, window_left, window_right, softcap, deterministic = ctx.options
     if ctx.out_dtype_differs:   # out_dtype=float32 etc.: the kernels read out in q's dtype
         out = out.to(q.dtype)
-    dq, dk, dv = attention_backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse, None,
+    dq, dk, dv = backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse, None,
                                     None, 0, 0, causal, softmax_scale, window_left,
                                     window_right, softcap, alibi_slopes, deterministic)
     return (dq, dk, dv) + (None,) * 11
@@ -92,13 +96,13 @@ def _save_varlen(ctx, inputs, output):
     ctx.out_dtype_differs = out.dtype != q.dtype
 
 
-def _varlen_backward(ctx, dout, dlse):
+def _varlen_backward(ctx, dout, dlse, backward=attention_backward):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap,
      deterministic) = ctx.options
     if ctx.out_dtype_differs:
         out = out.to(q.dtype)
-    dq, dk, dv = attention_backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse,
+    dq, dk, dv = backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse,
                                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     causal, softmax_scale, window_left, window_right, softcap,
                                     alibi_slopes, deterministic)
@@ -109,4 +113,40 @@ torch.library.register_autograd("tileattn::attention", _dense_backward,
                                 setup_context=_save_dense)
 torch.library.register_autograd("tileattn::attention_varlen", _varlen_backward,
                                 setup_context=_save_varlen)
-__all__ = ["attention_backward", "library"]
+
+
+# ---- eager autograd -------------------------------------------------------------------------
+# Outside torch.compile, autograd runs the ops' implementations through these Functions: the
+# same setup_context and backward as the registrations above, without the custom ops' Python
+# dispatch, which cost more host time than the kernels take at short contexts
+# (docs/design.md, "Backward").
+
+
+class EagerAttention(torch.autograd.Function):
+    """tileattn::attention's autograd for eager calls (library.attention's arguments)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = library.attention_impl(*inputs)
+        _save_dense(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _dense_backward(ctx, dout, dlse, backward_impl)
+
+
+class EagerAttentionVarlen(torch.autograd.Function):
+    """tileattn::attention_varlen's autograd for eager calls (library.attention_varlen's
+    arguments)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = library.attention_varlen_impl(*inputs)
+        _save_varlen(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _varlen_backward(ctx, dout, dlse, backward_impl)
+__all__ = ["EagerAttention", "EagerAttentionVarlen", "attention_backward", "library"]

@@ -15,9 +15,10 @@ torch.export and autograd see instead of Triton launches.
                         registers it as the autograd of the two attention ops; deterministic
                         only matters there)
 
-The public functions (api.py) call these ops when torch.compile traces them, when autograd
-needs a graph, or for meta/fake tensors; plain eager calls take the ops' implementations
-directly (the same functions), which keeps the call cache's host cost. Each op always returns
+The public functions (api.py) call these ops when torch.compile traces them or for meta/fake
+tensors; eager calls take the ops' implementations directly (the same functions), which keeps
+the call cache's host cost, and eager calls that autograd records run them through
+ops/backward.py's Functions (the ops' own autograd, without their dispatch). Each op always returns
 lse (a [B, H, S] fp32 tensor, cheap next to the output); the functions drop it unless asked.
 """
 
@@ -33,17 +34,21 @@ from .. import checks
 # ---- tileattn::attention ----------------------------------------------------------------------
 
 
-@torch.library.custom_op("tileattn::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-              window_left: int, window_right: int, softcap: float,
-              alibi_slopes: Tensor | None, q_descale: Tensor | None, k_descale: Tensor | None,
-              v_descale: Tensor | None, out_dtype: torch.dtype | None,
-              deterministic: bool) -> tuple[Tensor, Tensor]:
+def attention_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
+                   window_left: int, window_right: int, softcap: float,
+                   alibi_slopes: Tensor | None, q_descale: Tensor | None,
+                   k_descale: Tensor | None, v_descale: Tensor | None,
+                   out_dtype: torch.dtype | None, deterministic: bool) -> tuple[Tensor, Tensor]:
+    """tileattn::attention's implementation (also run without the op by eager autograd:
+    ops/backward.EagerAttention)."""
     return attention_ops.forward(
         q, k, v, causal=causal, softmax_scale=softmax_scale,
         window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
         return_lse=True)
+
+
+attention = torch.library.custom_op("tileattn::attention", attention_impl, mutates_args=())
 
 
 @attention.register_fake
@@ -60,20 +65,25 @@ def _attention_fake(q, k, v, causal, softmax_scale, window_left, window_right, s
 # ---- tileattn::attention_varlen ---------------------------------------------------------------
 
 
-@torch.library.custom_op("tileattn::attention_varlen", mutates_args=())
-def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                     max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
-                     window_left: int, window_right: int, softcap: float,
-                     alibi_slopes: Tensor | None, block_table: Tensor | None,
-                     q_descale: Tensor | None, k_descale: Tensor | None,
-                     v_descale: Tensor | None, out_dtype: torch.dtype | None,
-                     deterministic: bool) -> tuple[Tensor, Tensor]:
+def attention_varlen_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                          cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                          causal: bool, softmax_scale: float, window_left: int,
+                          window_right: int, softcap: float, alibi_slopes: Tensor | None,
+                          block_table: Tensor | None, q_descale: Tensor | None,
+                          k_descale: Tensor | None, v_descale: Tensor | None,
+                          out_dtype: torch.dtype | None,
+                          deterministic: bool) -> tuple[Tensor, Tensor]:
+    """tileattn::attention_varlen's implementation (also run by ops/backward.EagerVarlen)."""
     return attention_ops.varlen_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
         softmax_scale=softmax_scale, window_size=(window_left, window_right), softcap=softcap,
         alibi_slopes=alibi_slopes, block_table=block_table, q_descale=q_descale,
         k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype, return_lse=True,
         validate=None)
+
+
+attention_varlen = torch.library.custom_op("tileattn::attention_varlen", attention_varlen_impl,
+                                           mutates_args=())
 
 
 @attention_varlen.register_fake
