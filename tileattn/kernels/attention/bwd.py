@@ -297,9 +297,11 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                                                  block_mask, score_mod, mask_mod, window_left,
                                                  window_right)
     width = sm90_bwd.width(q, v)
+    shared = {}     # the Gluon kernels' common arguments, made once where their tiles match
     if hopper and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
         dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
-                                         causal=window_right == 0, softmax_scale=softmax_scale)
+                                         causal=window_right == 0, softmax_scale=softmax_scale,
+                                         shared=shared)
     else:
         dkdv = KernelLaunch(
             attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
@@ -320,7 +322,8 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
             num_warps=4, num_stages=1)
     elif hopper and dq_tiles_given is None and width in sm90_bwd.DQ_CONFIGS:
         finish_dq = sm90_bwd.dq_sm90_launch(q, k, v, dout, lse, delta, dq,
-                                            causal=window_right == 0, softmax_scale=softmax_scale)
+                                            causal=window_right == 0, softmax_scale=softmax_scale,
+                                            shared=shared)
     else:
         finish_dq = KernelLaunch(
             attention_bwd_dq_kernel, (triton.cdiv(seqlen_q, dq_tiles.block_m), num_q_heads, batch),

@@ -335,12 +335,16 @@ def width(q: torch.Tensor, v: torch.Tensor) -> int:
 
 
 def _common_args(q, k, v, dout, lse, delta, block_m: int, block_n: int,
-                 softmax_scale: float) -> dict:
+                 softmax_scale: float, shared: dict | None) -> dict:
     """Both kernels' arguments: TMA descriptors ([batch, heads, seqlen, padded head dim] views,
-    block_m rows for Q and dO, block_n for K and V), lse, delta, sizes and scales."""
+    block_m rows for Q and dO, block_n for K and V), lse, delta, sizes and scales. shared:
+    one backward's dict, where the second kernel finds the first's arguments when its tiles
+    match (descriptors are most of a launch's host time)."""
+    if shared is not None and (block_m, block_n) in shared:
+        return shared[(block_m, block_n)]
     num_q_heads, head_dim = q.shape[2], q.shape[3]
     dim, dim_v = padded_head_dim(head_dim), padded_head_dim(v.shape[3])
-    return dict(
+    args = dict(
         q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
         k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
         v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
@@ -348,14 +352,18 @@ def _common_args(q, k, v, dout, lse, delta, block_m: int, block_n: int,
         lse_ptr=lse, delta_ptr=delta, seqlen_q=q.shape[1], seqlen_k=k.shape[1],
         num_q_heads=num_q_heads, gqa_group_size=num_q_heads // k.shape[2],
         softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E)
+    if shared is not None:
+        shared[(block_m, block_n)] = args
+    return args
 
 
 def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax_scale: float,
-                     config: tuple[int, int, int, int] | None = None) -> KernelLaunch:
+                     config: tuple[int, int, int, int] | None = None,
+                     shared: dict | None = None) -> KernelLaunch:
     """The dK/dV launch for inputs supports() accepted; lse and delta [B, Hq, Sq] contiguous.
-    config: a DKDV_CONFIGS-style row instead of the table's (tuning)."""
+    config: a DKDV_CONFIGS-style row instead of the table's (tuning). shared: _common_args'."""
     block_n, block_m, num_stages, num_warps = config or DKDV_CONFIGS[width(q, v)]
-    args = dict(_common_args(q, k, v, dout, lse, delta, block_m, block_n, softmax_scale),
+    args = dict(_common_args(q, k, v, dout, lse, delta, block_m, block_n, softmax_scale, shared),
                 dk_ptr=dk, dv_ptr=dv,
                 stride_dkb=dk.stride(0), stride_dks=dk.stride(1), stride_dkh=dk.stride(2),
                 stride_dvb=dv.stride(0), stride_dvs=dv.stride(1), stride_dvh=dv.stride(2))
@@ -366,11 +374,12 @@ def dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv, *, causal: bool, softmax
 
 
 def dq_sm90_launch(q, k, v, dout, lse, delta, dq, *, causal: bool, softmax_scale: float,
-                   config: tuple[int, int, int, int] | None = None) -> KernelLaunch:
+                   config: tuple[int, int, int, int] | None = None,
+                   shared: dict | None = None) -> KernelLaunch:
     """The dQ launch for inputs supports() accepted; lse and delta [B, Hq, Sq] contiguous.
-    config: a DQ_CONFIGS-style row instead of the table's (tuning)."""
+    config: a DQ_CONFIGS-style row instead of the table's (tuning). shared: _common_args'."""
     block_m, block_n, num_stages, num_warps = config or DQ_CONFIGS[width(q, v)]
-    args = dict(_common_args(q, k, v, dout, lse, delta, block_m, block_n, softmax_scale),
+    args = dict(_common_args(q, k, v, dout, lse, delta, block_m, block_n, softmax_scale, shared),
                 dq_ptr=dq, stride_dqb=dq.stride(0), stride_dqs=dq.stride(1),
                 stride_dqh=dq.stride(2))
     constexprs = dict(HEAD_DIM=q.shape[3], CAUSAL=causal, NUM_STAGES=num_stages)
