@@ -122,31 +122,22 @@ torch.library.register_autograd("tileattn::attention_varlen", _varlen_backward,
 # (docs/design.md, "Backward").
 
 
-class EagerAttention(torch.autograd.Function):
-    """tileattn::attention's autograd for eager calls (library.attention's arguments)."""
-
-    @staticmethod
+def _eager_function(name: str, implementation, setup_context, backward) -> type:
+    """An autograd.Function running an op's implementation with the op's registered
+    setup_context and backward (the latter calling backward_impl, not the backward op)."""
     def forward(ctx, *inputs):
-        output = library.attention_impl(*inputs)
-        _save_dense(ctx, inputs, output)
+        output = implementation(*inputs)
+        setup_context(ctx, inputs, output)
         return output
+    return type(name, (torch.autograd.Function,), dict(
+        __doc__=f"{name}: the eager autograd of {implementation.__name__} (its op's arguments).",
+        forward=staticmethod(forward),
+        backward=staticmethod(lambda ctx, dout, dlse: backward(ctx, dout, dlse, backward_impl))))
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        return _dense_backward(ctx, dout, dlse, backward_impl)
 
+EagerAttention = _eager_function("EagerAttention", library.attention_impl, _save_dense,
+                                 _dense_backward)
+EagerAttentionVarlen = _eager_function("EagerAttentionVarlen", library.attention_varlen_impl,
+                                       _save_varlen, _varlen_backward)
 
-class EagerAttentionVarlen(torch.autograd.Function):
-    """tileattn::attention_varlen's autograd for eager calls (library.attention_varlen's
-    arguments)."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = library.attention_varlen_impl(*inputs)
-        _save_varlen(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        return _varlen_backward(ctx, dout, dlse, backward_impl)
 __all__ = ["EagerAttention", "EagerAttentionVarlen", "attention_backward", "library"]
