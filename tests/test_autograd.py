@@ -91,6 +91,17 @@ def test_eager_autograd_equals_the_ops_registered_autograd(varlen):
         assert torch.equal(got, want)
 
 
+def test_second_derivatives_raise():
+    """The backward is not itself differentiable: a second derivative (a gradient penalty, whose
+    dout depends on the inputs) raises instead of coming out as zero."""
+    q, k, v = (torch.randn(1, 9, 2, 64).to(DEVICE, torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    out = tileattn.attention(q, k, v, causal=True)
+    dq, = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.float().sum().backward()
+
+
 def test_compile_forward_and_backward_matches_eager():
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 21, 2, 64, generator=gen).to(DEVICE, torch.float16) for _ in range(3))

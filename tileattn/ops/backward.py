@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .. import dispatch
 from ..arch import arch_of
@@ -129,10 +130,13 @@ def _eager_function(name: str, implementation, setup_context, backward) -> type:
         output = implementation(*inputs)
         setup_context(ctx, inputs, output)
         return output
+    # once_differentiable: a second derivative raises, as through the backward op (which has
+    # no autograd), instead of coming out as zero.
     return type(name, (torch.autograd.Function,), dict(
         __doc__=f"{name}: the eager autograd of {implementation.__name__} (its op's arguments).",
         forward=staticmethod(forward),
-        backward=staticmethod(lambda ctx, dout, dlse: backward(ctx, dout, dlse, backward_impl))))
+        backward=staticmethod(once_differentiable(
+            lambda ctx, dout, dlse: backward(ctx, dout, dlse, backward_impl)))))
 
 
 EagerAttention = _eager_function("EagerAttention", library.attention_impl, _save_dense,
