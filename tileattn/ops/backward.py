@@ -23,13 +23,14 @@ from ..kernels.runtime import on_device
 from . import library
 
 
-def backward_impl(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                   lse: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                   max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
                   window_left: int, window_right: int, softcap: float,
                   alibi_slopes: Tensor | None, deterministic: bool
                   ) -> tuple[Tensor, Tensor, Tensor]:
-    """tileattn::attention_backward's implementation (eager autograd calls it directly)."""
+    """tileattn::attention_backward's implementation (eager autograd calls it directly).
+    dlse None: lse had no gradient (the kernels then skip it)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -42,7 +43,8 @@ def backward_impl(dout: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     with on_device(q.device):
         bwd.attention_backward(
             q, k, v, out, lse.contiguous(), dout.contiguous(), dq, dk, dv, causal=causal,
-            softmax_scale=softmax_scale, dlse=dlse.contiguous(), window_left=window_left,
+            softmax_scale=softmax_scale, dlse=None if dlse is None else dlse.contiguous(),
+            window_left=window_left,
             window_right=0 if causal else window_right, score_mod=score_mod,
             score_mod_grad=score_mod_grad, mod_args=mod_args,
             # The fixed-order dQ pass measured faster than fp32 atomics at every point of the
@@ -75,12 +77,16 @@ def _save_dense(ctx, inputs, output):
     ctx.out_dtype_differs = out.dtype != q.dtype
 
 
+def _float_or_none(dlse):
+    return None if dlse is None else dlse.float()
+
+
 def _dense_backward(ctx, dout, dlse, backward=attention_backward):
     q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
     causal, softmax_scale, window_left, window_right, softcap, deterministic = ctx.options
     if ctx.out_dtype_differs:   # out_dtype=float32 etc.: the kernels read out in q's dtype
         out = out.to(q.dtype)
-    dq, dk, dv = backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse, None,
+    dq, dk, dv = backward(dout.to(q.dtype), _float_or_none(dlse), q, k, v, out, lse, None,
                                     None, 0, 0, causal, softmax_scale, window_left,
                                     window_right, softcap, alibi_slopes, deterministic)
     return (dq, dk, dv) + (None,) * 11
@@ -103,7 +109,7 @@ def _varlen_backward(ctx, dout, dlse, backward=attention_backward):
      deterministic) = ctx.options
     if ctx.out_dtype_differs:
         out = out.to(q.dtype)
-    dq, dk, dv = backward(dout.to(q.dtype), dlse.float(), q, k, v, out, lse,
+    dq, dk, dv = backward(dout.to(q.dtype), _float_or_none(dlse), q, k, v, out, lse,
                                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     causal, softmax_scale, window_left, window_right, softcap,
                                     alibi_slopes, deterministic)
@@ -129,14 +135,20 @@ def _eager_function(name: str, implementation, setup_context, backward) -> type:
     def forward(ctx, *inputs):
         output = implementation(*inputs)
         setup_context(ctx, inputs, output)
+        # An unused lse's gradient stays None (no zeros made and read); out's is made if None.
+        ctx.set_materialize_grads(False)
         return output
+
+    def backward_eager(ctx, dout, dlse):
+        if dout is None:
+            dout = torch.zeros_like(ctx.saved_tensors[3])
+        return backward(ctx, dout, dlse, backward_impl)
     # once_differentiable: a second derivative raises, as through the backward op (which has
     # no autograd), instead of coming out as zero.
     return type(name, (torch.autograd.Function,), dict(
         __doc__=f"{name}: the eager autograd of {implementation.__name__} (its op's arguments).",
         forward=staticmethod(forward),
-        backward=staticmethod(once_differentiable(
-            lambda ctx, dout, dlse: backward(ctx, dout, dlse, backward_impl)))))
+        backward=staticmethod(once_differentiable(backward_eager))))
 
 
 EagerAttention = _eager_function("EagerAttention", library.attention_impl, _save_dense,
