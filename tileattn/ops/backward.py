@@ -1,6 +1,6 @@
 """Autograd for the attention ops: the tileattn::attention_backward custom op (the backward
-kernels of kernels/attention/bwd.py) and its registration as the backward of
-tileattn::attention and tileattn::attention_varlen.
+kernels of kernels/attention/bwd.py), its registration as the backward of tileattn::attention
+and tileattn::attention_varlen, and the same autograd as Functions for eager calls (bottom).
 
 FlashAttention's memory rule: the forward saves q, k, v, out and lse only (out and lse are the
 forward's own outputs), and the backward recomputes P block by block. Its extra memory is
