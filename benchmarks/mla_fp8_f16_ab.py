@@ -18,12 +18,12 @@ from tileattn.reference import mla_decode_reference
 SCALE = 1 / math.sqrt(192)
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python benchmarks/mla_fp8_f16_ab.py")
     parser.add_argument("--heads", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--seq", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--batch", type=int, default=768)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     dev = torch.device("cuda")
     rows = []
     for seq in args.seq:
