@@ -1,7 +1,8 @@
 """The custom-op, compile and autograd tests of tests/test_ops.py and tests/test_autograd.py on
 the GPU (fast tier; their DEVICE is "cuda" there): opcheck, torch.compile(fullgraph=True) with
-inductor and aot_eager, forward and backward, FP8 descales and return_lse, the training run
-against SDPA; and compiled code captured in CUDA graphs (mode="reduce-overhead")."""
+inductor and aot_eager, forward and backward, eager autograd against the ops' own, FP8
+descales and return_lse, the training run against SDPA; and compiled code captured in CUDA
+graphs (mode="reduce-overhead")."""
 
 import pytest
 import torch
@@ -10,9 +11,10 @@ import tileattn
 
 from ..test_autograd import (test_attention_op_autograd_opcheck,  # noqa: F401 (collected)
                              test_compile_forward_and_backward_matches_eager,
+                             test_eager_autograd_equals_the_ops_registered_autograd,
                              test_gradients_through_a_fused_qkv_buffer_and_lse,
-                             test_training_tracks_sdpa, test_varlen_gradients,
-                             test_what_has_no_backward_is_refused_by_name)
+                             test_second_derivatives_raise, test_training_tracks_sdpa,
+                             test_varlen_gradients, test_what_has_no_backward_is_refused_by_name)
 from ..test_ops import (test_attention_opcheck, test_attention_varlen_opcheck,  # noqa: F401
                         test_compile_fullgraph_matches_eager, test_compile_varlen_and_mla,
                         test_mla_decode_opcheck)
