@@ -222,30 +222,6 @@ def test_gluon_kernel_ignores_nan_past_sequence_end(num_heads, kv_dtype):
 
 
 @needs_sm90
-@pytest.mark.parametrize("num_heads,q_len,q_scale", [(64, 1, 1.0), (64, 2, 3e5),
-                                                     pytest.param(128, 1, 1.0, marks=full)])
-def test_gluon_fp8_kernel_with_q_in_f16(num_heads, q_len, q_scale, monkeypatch):
-    """sm90_fp8.Q_IN_F16 (an A/B knob, off by default): bf16 q on fp16 MMAs, each q row scaled
-    into fp16's range, also for a q past 65504, against the fp64 reference."""
-    from tileattn.kernels.mla import sm90_fp8
-    monkeypatch.setattr(sm90_fp8, "Q_IN_F16", True)
-    lengths = [max(s, q_len) for s in SEQ_LENS]
-    q, kv, page_table, seq_lens, descale = make_inputs(lengths, num_heads, q_len, 64,
-                                                       torch.bfloat16, torch.float8_e4m3fn)
-    q = (q.float() * q_scale).to(torch.bfloat16)
-    plan = tileattn.mla_plan(seq_lens, num_heads=num_heads, q_len=q_len, page_size=64,
-                             kv_dtype=kv.dtype, device="cuda", kernel="gluon")
-    assert plan.kernel == "gluon"
-    out, lse = tileattn.mla_decode(q, kv, page_table, seq_lens, softmax_scale=SCALE / q_scale,
-                                   plan=plan, kv_descale=descale, return_lse=True)
-    ref, ref_lse = mla_decode_reference(q, kv, page_table, seq_lens,
-                                        softmax_scale=SCALE / q_scale, kv_descale=descale)
-    assert torch.isfinite(out).all()
-    assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCE[q.dtype]
-    assert float(((lse.double() - ref_lse).abs() / ref_lse.abs().clamp(min=1)).max()) < LSE_TOLERANCE
-
-
-@needs_sm90
 def test_gluon_kernel_single_long_sequence():
     inputs = make_inputs([32768], 128, 1, 64, torch.bfloat16, torch.bfloat16)
     q, kv, page_table, seq_lens, descale = inputs

@@ -57,20 +57,18 @@ class SoftmaxRows:
     kv_end: Scalar
     key_limit: gl.tensor
     qk_scale: Scalar
-    row_scale: Scalar
     s_layout: gl.constexpr
     o_layout: gl.constexpr
     p_layout: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, smem, kv_start, kv_end, key_limit, qk_scale, row_scale, s_layout,
-                 o_layout, p_layout):
+    def __init__(self, smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout,
+                 p_layout):
         self.smem = smem
         self.kv_start = scalar(kv_start)
         self.kv_end = scalar(kv_end)
         self.key_limit = key_limit
         self.qk_scale = scalar(qk_scale)
-        self.row_scale = scalar(row_scale)
         self.s_layout = gl.constexpr(s_layout)
         self.o_layout = gl.constexpr(o_layout)
         self.p_layout = gl.constexpr(p_layout)
@@ -136,8 +134,6 @@ def _zero_tail_rows(smem, stage, valid_rows):
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, tile_start, sw, MASKED: gl.constexpr):
     """Online softmax of one [64, TILE_N] score tile (base 2): (p, alpha, m_new, l_new)."""
-    if sw.row_scale is not None:
-        s = s * gl.expand_dims(sw.row_scale, 1)
     if MASKED:
         cols = gl.expand_dims(
             tile_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, sw.s_layout)), 0)
@@ -242,12 +238,7 @@ def softmax_partition(work_ptr, smem, output, scores):
     # A plan made for other seq_lens would silently miss or mis-mask keys: its rows come out
     # NaN instead (through out_scale, finite otherwise), since a CUDA graph replay cannot raise.
     out_scale = gl.where(planned_seq_len(work_ptr) != seq_len, float("nan"), out_scale)
-    row_scale = None
-    if scores.row_scale_ptr is not None:
-        row_scale = gl.load(scores.row_scale_ptr + item.batch.to(gl.int64) * output.num_rows
-                            + rows, mask=rows < output.num_rows, other=1.0)
-    sw = SoftmaxRows(smem, kv_start, kv_end, key_limit, qk_scale, row_scale, s_layout, o_layout,
-                     p_layout)
+    sw = SoftmaxRows(smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout, p_layout)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)

@@ -151,7 +151,7 @@ def _widen_partition(work_ptr, smem, q_desc, raw, pages):
 @gluon.jit
 def mla_sm90_fp8_partial_kernel(
     work_ptr, seq_lens_ptr, page_table_ptr, q_desc, raw_desc,
-    out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, kv_descale_ptr, row_scale_ptr,
+    out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, kv_descale_ptr,
     stride_page_table_b, stride_ob, stride_os, stride_oh,
     num_heads, q_len, num_rows, softmax_scale_log2, output_scale,
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr, HAS_DESCALE: gl.constexpr,
@@ -168,7 +168,7 @@ def mla_sm90_fp8_partial_kernel(
     output = Output(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, stride_ob, stride_os,
                     stride_oh, num_heads, num_rows)
     scores = Scores(seq_lens_ptr, q_len, softmax_scale_log2, output_scale, kv_descale_ptr,
-                    HAS_DESCALE, row_scale_ptr)
+                    HAS_DESCALE)
     pages = Pages(page_table_ptr, stride_page_table_b, PAGE_SIZE)
     gl.warp_specialize([
         (softmax_partition, (work_ptr, smem, output, scores)),
@@ -177,35 +177,15 @@ def mla_sm90_fp8_partial_kernel(
     ], [4, 4], [PV_REGS, WIDEN_REGS])
 
 
-# bf16 q: run the MMAs in fp16 (e4m3 -> f16 is one conversion per two values, against the
-# bf16 widening's five integer ops) on q scaled per row by a power of two into fp16's range,
-# exact for every bf16 value. Off until measured: benchmarks/mla_fp8_f16_ab.py A/Bs it (issue
-# 20); its q conversion is a separate torch pass here, to fuse if it wins.
-Q_IN_F16 = False
-
-
-def q_in_f16(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q16, row_scale): q [B, q_len, H, 576] bf16 times 2^e per (token, head) row, the largest
-    magnitude in [2^13, 2^14), as fp16 (bf16's 8 significant bits fit fp16's 11: exact down to
-    2^-27 of the row's largest), and 2^-e float32 [B, q_len * H], what each row's scores take."""
-    amax = q.abs().amax(dim=-1).float()
-    exponent = torch.where(amax > 0, 13.0 - torch.floor(torch.log2(amax)), 0.0)
-    q16 = (q.float() * torch.exp2(exponent)[..., None]).to(torch.float16)
-    return q16, torch.exp2(-exponent).reshape(q.shape[0], -1).contiguous()
-
-
 def mla_sm90_fp8_launch(q, kv_cache, page_table, seq_lens, kv_descale, out, lse, plan,
                         softmax_scale: float) -> KernelLaunch:
     """The partial-kernel launch for an e4m3 cache that sm90.supports_plan() accepted."""
-    row_scale = None
-    if q.dtype == torch.bfloat16 and Q_IN_F16:
-        q, row_scale = q_in_f16(q)
     # bf16: the widened values are 2^-120 x the cache's (_E4M3_TO_BF16_ASM); the scales undo it.
     widen_scale = BF16_WIDEN_SCALE if q.dtype == torch.bfloat16 else 1.0
     args = common_args(q, page_table, seq_lens, out, lse, plan, softmax_scale * widen_scale)
     args.update(raw_desc=kv_descriptor(kv_cache, TILE_N.value, GL_DTYPES[kv_cache.dtype]),
                 kv_descale_ptr=kv_descale if kv_descale is not None else seq_lens,
-                output_scale=widen_scale, row_scale_ptr=row_scale)
+                output_scale=widen_scale)
     num_rows = args["num_rows"]
     constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES,
                       HAS_DESCALE=kv_descale is not None)

@@ -177,19 +177,16 @@ class Scores:
     softmax_scale_log2: Scalar
     output_scale: Scalar
     kv_descale_ptr: Scalar
-    row_scale_ptr: Scalar
     HAS_DESCALE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, seq_lens_ptr, q_len, softmax_scale_log2, output_scale, kv_descale_ptr,
-                 HAS_DESCALE, row_scale_ptr=None):
+                 HAS_DESCALE):
         self.seq_lens_ptr = scalar(seq_lens_ptr)
         self.q_len = scalar(q_len)
         self.softmax_scale_log2 = scalar(softmax_scale_log2)
         self.output_scale = scalar(output_scale)
         self.kv_descale_ptr = scalar(kv_descale_ptr)
-        # float32 [batch, num_rows]: each row's scores times this (q stored scaled), or None.
-        self.row_scale_ptr = scalar(row_scale_ptr)
         self.HAS_DESCALE = gl.constexpr(HAS_DESCALE)
 
 
