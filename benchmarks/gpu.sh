@@ -129,7 +129,7 @@ for step in "$@"; do
     demo|info) logged "$PY" -m tileattn "$name" ;;
     ncu-prefill) profile "ncu-prefill-$(IFS=-; echo "${args[*]}")" "attention|fmha|sdpa|cudnn|flash" \
                    "$NCU_PREFILL_METRICS" prefill ${args[@]+"${args[@]}"} ;;
-    ncu-mla) profile "ncu-mla-$(IFS=-; echo "${args[*]}")" "mla_decode_partial" \
+    ncu-mla) profile "ncu-mla-$(IFS=-; echo "${args[*]}")" "mla_.*partial" \
                "$NCU_MLA_METRICS" mla ${args[@]+"${args[@]}"} ;;
     py) [ ${#args[@]} -gt 0 ] && logged "$PY" "benchmarks/${args[0]}" "${args[@]:1}" ;;
     *) echo "unknown step $name (bash benchmarks/gpu.sh --help)" | tee -a "$LOG"; false ;;

@@ -8,9 +8,9 @@ partitions are reused as they are. What differs:
   * widen partition (4 warps, replaces the 1-warp loader): TMA loads of the e4m3 tile (9 boxes
     of [32 tokens, 64 cols], one "raw" barrier per tile) into a RAW_STAGES ring; then each box
     is read into registers, converted to 16 bits and stored into the NUM_STAGES ring of 16-bit
-    tiles that the consumers read, with one "ready" barrier per box (the consumers start
-    Q K^T on box 0 while the rest are widened). Once a raw tile is read, the same warps
-    refill it with the tile RAW_STAGES ahead.
+    tiles that the consumers read; the "ready" barriers of its 9 boxes are released together,
+    after one fence for the tile. Once a raw tile is read, the same warps refill it with the
+    tile RAW_STAGES ahead.
   * TILE_N = 32 tokens: a 16-bit tile is 36 KB, so Q (72 KB) + 3 widened tiles (108 KB) + 2
     raw tiles (36 KB) + P fit in 227 KB; 64-token tiles would leave no room for the raw ring.
   * The descale is not applied while widening: it multiplies the softmax scale and the output
@@ -126,8 +126,10 @@ def _widen_partition(work_ptr, smem, q_desc, raw, pages):
         stage = j % smem.NUM_STAGES
         mbarrier.wait(smem.kv_empty.index(stage), ((j // smem.NUM_STAGES) & 1) ^ 1)
         mbarrier.wait(raw.ready.index(raw_stage), (j // RAW_STAGES) & 1)
-        # Three boxes per fence + barrier round trip, all three loaded before any is stored
-        # (the loads would otherwise wait behind the stores: smem accesses stay in order).
+        # Boxes three at a time, all three loaded before any is stored (the loads would
+        # otherwise wait behind the stores: smem accesses stay in order); one fence + barrier
+        # round trip for the tile, not one per three boxes: the round trips are on this
+        # partition's critical path (docs/design.md, "FP8 cache").
         for g in gl.static_range(NUM_BOXES // 3):
             first = raw_stage * NUM_BOXES + 3 * g
             x0 = box_view(raw.smem, first).load(box_layout)
@@ -139,10 +141,10 @@ def _widen_partition(work_ptr, smem, q_desc, raw, pages):
                 box_view(kv_smem, stage * V_BOXES + 3 * g + 2).store(_widen(x2, kv_smem.dtype))
             else:
                 box_view(smem.rope_smem, stage).store(_widen(x2, kv_smem.dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            for k in gl.static_range(3):
-                mbarrier.arrive(smem.kv_ready.index(stage * NUM_BOXES + 3 * g + k), count=1)
+        fence_async_shared()
+        gl.thread_barrier()
+        for c in gl.static_range(NUM_BOXES):
+            mbarrier.arrive(smem.kv_ready.index(stage * NUM_BOXES + c), count=1)
         # Every thread has read raw stage `raw_stage` (the barrier above): refill it.
         if j + RAW_STAGES < num_tiles:
             raw.load(page_row, item.kv_start + (j + RAW_STAGES) * TILE_N, raw_stage, PAGE_SIZE)
