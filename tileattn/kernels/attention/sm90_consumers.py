@@ -207,12 +207,24 @@ class Consumer:
                 visible = visible & (kv_idx <= q_idx + causal_shift)
             if problem.HAS_LEFT:
                 visible = visible & (kv_idx >= q_idx + causal_shift - problem.window_left)
-            if MASK_HOOK:
-                visible = visible & problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
-                                                     causal_shift, mod_args)
             s = gl.where(visible, s, float("-inf"))
+            if MASK_HOOK:
+                s = _keep_or_neg_inf(s, problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
+                                                         causal_shift, mod_args))
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None)
+
+
+@gluon.jit
+def _keep_or_neg_inf(s, keep):
+    """where(keep, s, -inf) for a mask hook's verdict, the select in inline PTX on keep as 16-bit
+    integers: combined with the built-in masks in IR, LLVM's SLP vectorizer turns a hook's
+    compares into 32-wide i1 vectors that the PTX backend packs into bit masks and unpacks
+    again (docs/design.md, "FlexAttention")."""
+    keep, s = gl.broadcast(keep, s)
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b16 p, $2, 0; selp.f32 $0, $1, 0fFF800000, p; }", "=f,f,h",
+        [s, keep.to(gl.int16)], dtype=gl.float32, is_pure=True, pack=1)
 
 
 @aggregate
