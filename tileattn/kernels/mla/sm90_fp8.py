@@ -127,9 +127,11 @@ def _widen_partition(work_ptr, smem, q_desc, raw, pages):
         mbarrier.wait(smem.kv_empty.index(stage), ((j // smem.NUM_STAGES) & 1) ^ 1)
         mbarrier.wait(raw.ready.index(raw_stage), (j // RAW_STAGES) & 1)
         # Boxes three at a time, all three loaded before any is stored (the loads would
-        # otherwise wait behind the stores: smem accesses stay in order); one fence + barrier
-        # round trip for the tile, not one per three boxes: the round trips are on this
-        # partition's critical path (docs/design.md, "FP8 cache").
+        # otherwise wait behind the stores: smem accesses stay in order). bf16: one fence +
+        # barrier round trip for the tile, the round trips being on this partition's critical
+        # path; fp16 keeps one per three boxes, as one per tile spills 16 bytes there
+        # (docs/design.md, "FP8 cache").
+        GROUPS_PER_FENCE: gl.constexpr = 3 if kv_smem.dtype == gl.bfloat16 else 1
         for g in gl.static_range(NUM_BOXES // 3):
             first = raw_stage * NUM_BOXES + 3 * g
             x0 = box_view(raw.smem, first).load(box_layout)
@@ -141,10 +143,12 @@ def _widen_partition(work_ptr, smem, q_desc, raw, pages):
                 box_view(kv_smem, stage * V_BOXES + 3 * g + 2).store(_widen(x2, kv_smem.dtype))
             else:
                 box_view(smem.rope_smem, stage).store(_widen(x2, kv_smem.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        for c in gl.static_range(NUM_BOXES):
-            mbarrier.arrive(smem.kv_ready.index(stage * NUM_BOXES + c), count=1)
+            if (g + 1) % GROUPS_PER_FENCE == 0:
+                fence_async_shared()
+                gl.thread_barrier()
+                for k in gl.static_range(3 * GROUPS_PER_FENCE):
+                    box = 3 * (g + 1 - GROUPS_PER_FENCE) + k
+                    mbarrier.arrive(smem.kv_ready.index(stage * NUM_BOXES + box), count=1)
         # Every thread has read raw stage `raw_stage` (the barrier above): refill it.
         if j + RAW_STAGES < num_tiles:
             raw.load(page_row, item.kv_start + (j + RAW_STAGES) * TILE_N, raw_stage, PAGE_SIZE)
