@@ -8,9 +8,9 @@ partitions are reused as they are. What differs:
   * widen partition (4 warps, replaces the 1-warp loader): TMA loads of the e4m3 tile (9 boxes
     of [32 tokens, 64 cols], one "raw" barrier per tile) into a RAW_STAGES ring; then each box
     is read into registers, converted to 16 bits and stored into the NUM_STAGES ring of 16-bit
-    tiles that the consumers read; the "ready" barriers of its 9 boxes are released together,
-    after one fence for the tile. Once a raw tile is read, the same warps refill it with the
-    tile RAW_STAGES ahead.
+    tiles that the consumers read, with one "ready" barrier per box, released after a fence:
+    once for the tile with bf16 q, per three boxes with fp16 q. Once a raw tile is read, the
+    same warps refill it with the tile RAW_STAGES ahead.
   * TILE_N = 32 tokens: a 16-bit tile is 36 KB, so Q (72 KB) + 3 widened tiles (108 KB) + 2
     raw tiles (36 KB) + P fit in 227 KB; 64-token tiles would leave no room for the raw ring.
   * The descale is not applied while widening: it multiplies the softmax scale and the output
