@@ -5,6 +5,7 @@ float ops); the derivative hook equals torch.autograd's; errors name what cannot
 translated; the cache does not trace twice."""
 
 import functools
+import inspect
 
 import pytest
 import torch
@@ -72,6 +73,16 @@ def test_mask_hook_equals_torch(name):
     want = eager_mask_mod(mask_mod, BATCH, HEADS, SEQLEN_Q, SEQLEN_K)
     assert 0 < want.sum() < want.numel()
     assert torch.equal(got, want)
+
+
+def test_index_by_a_position_needs_no_wrap_around():
+    """Positions are never negative: indexing by q_idx checks only the upper bound (the
+    negative-index wrap and lower check cost about 75 SASS instructions a hooked block)."""
+    hook = translate.translate_mods(None, document(doc_ids_for(BATCH, SEQLEN_K, 4)),
+                                    device=CPU).mask_mod
+    source = inspect.getsource(getattr(hook, "fn", hook))
+    assert "q_idx < 0" not in source and "kv_idx < 0" not in source
+    assert f"(q_idx < {SEQLEN_K})" in source and f"(kv_idx < {SEQLEN_K})" in source
 
 
 def test_hooks_take_key_major_tiles():

@@ -56,12 +56,16 @@ class Value:
     by additions, subtractions, negations and absolute values may carry `exact_float`: a float32
     expression of the same value from the positions converted first (a conversion per row and
     per column rather than per score: int-to-float conversions share the special-function
-    unit with the softmax's exp2), valid while magnitudes stay within `bound`."""
+    unit with the softmax's exp2), valid while magnitudes stay within `bound`.
+
+    `nonnegative` marks the positions and program indices: an index by them needs no
+    wrap-around nor lower bound check."""
     code: str
     dtype: torch.dtype
     constant: object = _NOT_CONSTANT
     exact_float: str | None = None
     bound: int = 0
+    nonnegative: bool = False
 
     @property
     def is_constant(self) -> bool:
@@ -160,7 +164,7 @@ class EmitterBase:
                 exact = (f"hook_ops.position_to_float({name})" if name in ("q_idx", "kv_idx")
                          else None)
                 self.values[node] = Value(name, node.meta["val"].dtype, exact_float=exact,
-                                          bound=POSITION_BOUND)
+                                          bound=POSITION_BOUND, nonnegative=name != "score")
             elif node.op == "get_attr":
                 self.values[node] = self._get_attr(node)
             elif node.op == "call_function":

@@ -307,11 +307,15 @@ class HookEmitter(EmitterBase):
             offset = str(position * stride) if position * stride else None
             return View(view.slot, view.name, view.shape, view.strides, view.dtype,
                         view.offsets + ((offset or "0"),), view.in_bounds)
-        if index.dtype not in (torch.int32, torch.int64):
-            index = self._assign(self._cast(index, torch.int32), torch.int32)
-        position = self._assign(f"tl.where({index.code} < 0, {index.code} + {size}, "
-                                f"{index.code})", index.dtype)
-        in_bounds = f"({position.code} >= 0) & ({position.code} < {size})"
+        if index.nonnegative:       # a position: no wrap-around, only the upper bound
+            position = index
+            in_bounds = f"({index.code} < {size})"
+        else:
+            if index.dtype not in (torch.int32, torch.int64):
+                index = self._assign(self._cast(index, torch.int32), torch.int32)
+            position = self._assign(f"tl.where({index.code} < 0, {index.code} + {size}, "
+                                    f"{index.code})", index.dtype)
+            in_bounds = f"({position.code} >= 0) & ({position.code} < {size})"
         largest_offset = sum((n - 1) * abs(s) for n, s in zip(view.shape, view.strides))
         widened = (f"{position.code}.to(tl.int64)"
                    if largest_offset >= 2**31 and index.dtype != torch.int64 else position.code)

@@ -202,29 +202,40 @@ class Consumer:
                                   q_idx, kv_idx, causal_shift, mod_args)
             qk_scale = 1.4426950408889634
         if MASKED:
-            visible = kv_idx < tile.seqlen_k
             if problem.CAUSAL:
-                visible = visible & (kv_idx <= q_idx + causal_shift)
+                # The last key each row sees (a row vector): one compare a score covers the
+                # sequence end and the diagonal, where two took three selects.
+                last_key = gl.minimum(rows + causal_shift, tile.seqlen_k - 1)
+                visible = kv_idx <= gl.expand_dims(last_key, 1)
+            else:
+                visible = kv_idx < tile.seqlen_k
             if problem.HAS_LEFT:
                 visible = visible & (kv_idx >= q_idx + causal_shift - problem.window_left)
-            s = gl.where(visible, s, float("-inf"))
+            # A mask hook alone takes the sequence end into its own select.
+            if problem.CAUSAL or problem.HAS_LEFT or not MASK_HOOK:
+                s = gl.where(visible, s, float("-inf"))
             if MASK_HOOK:
                 s = _keep_or_neg_inf(s, problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
-                                                         causal_shift, mod_args))
+                                                         causal_shift, mod_args),
+                                     kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None)
 
 
 @gluon.jit
-def _keep_or_neg_inf(s, keep):
-    """where(keep, s, -inf) for a mask hook's verdict, the select in inline PTX on keep as 16-bit
-    integers: combined with the built-in masks in IR, LLVM's SLP vectorizer turns a hook's
-    compares into 32-wide i1 vectors that the PTX backend packs into bit masks and unpacks
-    again (docs/design.md, "FlexAttention")."""
+def _keep_or_neg_inf(s, keep, kv_idx, seqlen_k):
+    """where(keep & (kv_idx < seqlen_k), s, -inf) for a mask hook's verdict keep, in inline PTX
+    on keep as 16-bit integers: in IR, LLVM's SLP vectorizer turns the compares into 32-wide
+    i1 vectors that the PTX backend packs into bit masks and unpacks again (docs/design.md,
+    "FlexAttention"). The sequence end joins the same select (a second one cost a compare
+    and a select a score more)."""
     keep, s = gl.broadcast(keep, s)
+    kv_idx, s = gl.broadcast(kv_idx, s)
     return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b16 p, $2, 0; selp.f32 $0, $1, 0fFF800000, p; }", "=f,f,h",
-        [s, keep.to(gl.int16)], dtype=gl.float32, is_pure=True, pack=1)
+        "{ .reg .pred p, q; setp.ne.b16 p, $2, 0; setp.lt.s32 q, $3, $4; and.pred p, p, q; "
+        "selp.f32 $0, $1, 0fFF800000, p; }", "=f,f,h,r,r",
+        [s, keep.to(gl.int16), kv_idx, gl.full(s.shape, seqlen_k, gl.int32, s.type.layout)],
+        dtype=gl.float32, is_pure=True, pack=1)
 
 
 @aggregate
