@@ -62,6 +62,10 @@ MASKS = {
     "document_and_causal": lambda: and_masks(document(doc_ids_for(BATCH, SEQLEN_K, 3)), causal),
     "prefix_or_window": lambda: or_masks(prefix_lm(5), sliding_window(4)),
     "integer_semantics": lambda: (lambda b, h, q, kv: ((q - kv) // 3) % 4 == (kv - q) % (h + 2)),
+    # Differences of a row and a column against constants or the head, either side: emitted as
+    # a row-against-column compare.
+    "separated_differences": lambda: (lambda b, h, q, kv: (5 > q - kv) & (kv - q < h + 3)
+                                      & ((q - kv != 2) | (kv - (q + 1) >= -4))),
 }
 
 
@@ -83,6 +87,19 @@ def test_index_by_a_position_needs_no_wrap_around():
     source = inspect.getsource(getattr(hook, "fn", hook))
     assert "q_idx < 0" not in source and "kv_idx < 0" not in source
     assert f"(q_idx < {SEQLEN_K})" in source and f"(kv_idx < {SEQLEN_K})" in source
+
+
+def test_differences_of_a_row_and_a_column_are_compared_separated():
+    """q - kv <= W is emitted as q - W <= kv (what the SASS count of a window block was taken on);
+    a float constant or a difference along one axis keeps the difference."""
+    def source(mask_mod):
+        hook = translate.translate_mods(None, mask_mod, device=CPU).mask_mod
+        return inspect.getsource(getattr(hook, "fn", hook))
+
+    window = source(sliding_window(7))
+    assert "q_idx - 7" in window and "< kv_idx" in window
+    assert "<= 2.5" in source(lambda b, h, q, kv: q - kv <= 2.5)
+    assert "<= 3" in source(lambda b, h, q, kv: (q - (q + 1)) <= 3)
 
 
 def test_hooks_take_key_major_tiles():

@@ -150,6 +150,8 @@ class EmitterBase:
         self.fresh_constants = fresh_constants  # get_attr target -> tensor the function made
         self.lines: list[str] = []
         self.values: dict[torch.fx.Node, object] = {}
+        self.placeholder_names: dict[torch.fx.Node, str] = {}
+        self.axes_of: dict[torch.fx.Node, frozenset] = {}
         self.loads: dict[torch.fx.Node, Value] = {}
         self.count = 0
 
@@ -163,6 +165,7 @@ class EmitterBase:
                 name = next(placeholders)
                 exact = (f"hook_ops.position_to_float({name})" if name in ("q_idx", "kv_idx")
                          else None)
+                self.placeholder_names[node] = name
                 self.values[node] = Value(name, node.meta["val"].dtype, exact_float=exact,
                                           bound=POSITION_BOUND, nonnegative=name != "score")
             elif node.op == "get_attr":
@@ -303,6 +306,20 @@ class EmitterBase:
         if bound > EXACT_FLOAT_BOUND:
             return result
         return dataclasses.replace(result, exact_float=template.format(*forms), bound=bound)
+
+    def _axes(self, argument) -> frozenset:
+        """Which of the score's axes ("q", "kv") a node's value varies along: q_idx and kv_idx
+        broadcast along one each, the score along both, batch, head and constants along none."""
+        if not isinstance(argument, torch.fx.Node):
+            return frozenset()
+        if argument not in self.axes_of:
+            name = self.placeholder_names.get(argument)
+            if name is not None:
+                axes = {"q_idx": {"q"}, "kv_idx": {"kv"}, "score": {"q", "kv"}}.get(name, set())
+            else:
+                axes = set().union(*(self._axes(n) for n in argument.all_input_nodes))
+            self.axes_of[argument] = frozenset(axes)
+        return self.axes_of[argument]
 
     def _out_dtype(self, node: torch.fx.Node) -> torch.dtype:
         return node.meta["val"].dtype

@@ -29,6 +29,11 @@ _FILLS = {"full": 1, "scalar_tensor": 0, "full_like": 1, "new_full": 2, "zeros":
           "new_zeros": ("value", 0), "new_ones": ("value", 1)}
 
 
+# x - y OP c  <=>  x - c OP y for int32 values of at most this magnitude (no overflow).
+_SMALL_INT = 1 << 29
+_MIRRORED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+
+
 def _packet(node: torch.fx.Node) -> str:
     return node.target.overloadpacket.__name__
 
@@ -189,8 +194,42 @@ class HookEmitter(EmitterBase):
 
     def _op_eq(self, node, a, b):
         compute = self._comparison_dtype(a, b)
-        return self._elementwise(node, f"{{0}} {_COMPARISONS[_packet(node)]} {{1}}", a, b,
+        name = _packet(node)
+        if compute == torch.int32:
+            separated = (self._separated_comparison(a, b, name)
+                         or self._separated_comparison(b, a, _MIRRORED[name]))
+            if separated is not None:
+                return separated
+        return self._elementwise(node, f"{{0}} {_COMPARISONS[name]} {{1}}", a, b,
                                  compute=compute, predicate=True)
+
+    def _separated_comparison(self, difference, other, name: str) -> Value | None:
+        """`(x - y) OP c` emitted as `(x - c) OP y`, where x varies along one of the score's
+        axes, y along the other and c along neither (a sliding window's q - kv <= W): the
+        compare broadcasts a row against a column, where the difference was an integer op on
+        the whole tile, which LLVM's SLP vectorizer packs into bit masks (SASS of a window
+        block 1064 -> 801; docs/design.md, "FlexAttention"). Exact: int32 values far from
+        overflow either way."""
+        if not isinstance(difference, torch.fx.Node) or difference.op != "call_function" or \
+                _packet(difference) != "sub" or len(difference.args) != 2 or difference.kwargs:
+            return None
+        x, y = difference.args
+        x_axes, y_axes = self._axes(x), self._axes(y)
+        if len(x_axes) != 1 or len(y_axes) != 1 or x_axes == y_axes or self._axes(other):
+            return None
+        values = [self._operand(v) for v in (x, y, other)]
+        if any(v.dtype != torch.int32 or not 0 < v.bound <= _SMALL_INT for v in values[:2]):
+            return None
+        shift = values[2]
+        if shift.is_constant:
+            if not (isinstance(shift.constant, int) and not isinstance(shift.constant, bool)
+                    and abs(shift.constant) <= _SMALL_INT):
+                return None
+        elif shift.dtype != torch.int32 or not 0 < shift.bound <= _SMALL_INT:
+            return None
+        shifted = self._assign(f"{values[0].code} - {self._cast(shift, torch.int32)}",
+                               torch.int32)
+        return self._assign(f"{shifted.code} {_COMPARISONS[name]} {values[1].code}", torch.bool)
 
     def _op_bitwise_and(self, node, a, b):
         name = _packet(node)
