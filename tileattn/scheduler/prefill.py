@@ -106,6 +106,11 @@ def prefill_work_lists(num_m_blocks: int, num_batch_heads: int, causal: bool, nu
                                       group_heads, str(device))
 
 
+# Key blocks a band of varlen_work_lists' order spans (H100 serving mix: 1, 4, 16, 32, 64 blocks
+# -> 16 fastest; docs/design.md, "Serving masks and varlen/paged prefill").
+VARLEN_COST_BAND = 16
+
+
 def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, num_heads: int,
                       num_m_blocks: int, block_m: int, block_n: int, causal: bool,
                       num_programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -113,14 +118,16 @@ def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, nu
     without reading them (no synchronisation; CUDA-graph capturable): every tile id m_block +
     num_m_blocks·(sequence·num_heads + head) of the longest sequence's grid, each tile costed
     by its key blocks (causal: bottom-right per sequence), tiles past their sequence's end
-    last at cost 0. The costliest first; programs take the list in a snake (0..P-1, P-1..0,
-    ...), which balances a descending list without a host-side LPT. Program p runs
-    tile_ids[starts[p]:ends[p]]: its tiles that hold queries.
+    last at cost 0. The costliest first in bands (a sequence's tiles together within one);
+    programs take the list in a snake (0..P-1, P-1..0, ...), which balances a descending
+    list without a host-side LPT. Program p runs tile_ids[starts[p]:ends[p]]: its tiles that
+    hold queries.
 
     Only the (sequence, query block) pairs are sorted, the heads expanded after (a pair's
     heads, GQA groups sharing K/V, stay together), and where each list position lands in its
     program's list depends on the shape alone (cached): a sort of all tiles and a second one
-    for the snake cost 0.23 ms of GPU time a call on the serving mix, this 0.10."""
+    for the snake cost 0.23 ms of GPU time a call on the serving mix, this 0.10 (before the
+    bands' second, small sort)."""
     device = cu_seqlens_q.device
     lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1])[:, None]
     lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1])[:, None]
@@ -132,8 +139,12 @@ def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, nu
         key_end = lengths_k
     cost = torch.where(shape.m_block * block_m < lengths_q, (key_end + block_n - 1) // block_n + 1,
                        0).reshape(-1)
-    # Costliest first (ties in (sequence, query block) order).
+    # Costliest first, by bands of VARLEN_COST_BAND key blocks; within a band one sequence's
+    # query blocks together (costliest first), so that the programs running at once share its
+    # K/V in L2 rather than each streaming another sequence's.
     order = torch.argsort(-cost, stable=True)
+    band = torch.where(cost > 0, cost // VARLEN_COST_BAND, -1)[order]
+    order = order[torch.argsort(-band * lengths_q.shape[0] + order // num_m_blocks, stable=True)]
     tiles = (order % num_m_blocks + order // num_m_blocks * (num_heads * num_m_blocks))[:, None]
     tile_ids = torch.empty(shape.place.numel(), dtype=torch.int32, device=device)
     tile_ids[shape.place] = (tiles + shape.head_offsets).reshape(-1).to(torch.int32)
