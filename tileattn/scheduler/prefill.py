@@ -129,8 +129,8 @@ def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, nu
     for the snake cost 0.23 ms of GPU time a call on the serving mix, this 0.10 (before the
     bands' second, small sort)."""
     device = cu_seqlens_q.device
-    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1])[:, None]
-    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1])[:, None]
+    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()[:, None]
+    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()[:, None]
     shape = _varlen_shape(lengths_q.shape[0], num_heads, num_m_blocks, num_programs, str(device))
     if causal:
         key_end = torch.clamp(torch.minimum(lengths_k, (shape.m_block + 1) * block_m + lengths_k
