@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 import heapq
-from dataclasses import dataclass
 
 import torch
+
+from ..kernels import work_lists
 
 # K+V bytes of the (batch, head) pairs whose causal tiles are interleaved longest-first: small
 # enough that they stay in L2 (50 MB on H100, 40 MB on A100) while their programs run. Without
@@ -118,85 +119,35 @@ def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, nu
     without reading them (no synchronisation; CUDA-graph capturable): every tile id m_block +
     num_m_blocks·(sequence·num_heads + head) of the longest sequence's grid, each tile costed
     by its key blocks (causal: bottom-right per sequence), tiles past their sequence's end
-    last at cost 0. The costliest first in bands (a sequence's tiles together within one);
-    programs take the list in a snake (0..P-1, P-1..0, ...), which balances a descending
-    list without a host-side LPT. Program p runs tile_ids[starts[p]:ends[p]]: its tiles that
-    hold queries.
+    last at cost 0. The costliest first in bands of VARLEN_COST_BAND key blocks, within a band
+    one sequence's tiles together (costliest first), so that the programs running at once
+    share its K/V in L2; a pair's heads (GQA groups) stay together. Programs take the list in
+    a snake (0..P-1, P-1..0, ...), which balances a descending list without a host-side LPT.
+    Program p runs tile_ids[starts[p]:ends[p]]: its tiles that hold queries.
 
-    Only the (sequence, query block) pairs are sorted, the heads expanded after (a pair's
-    heads, GQA groups sharing K/V, stay together), and where each list position lands in its
-    program's list depends on the shape alone (cached): a sort of all tiles and a second one
-    for the snake cost 0.23 ms of GPU time a call on the serving mix, this 0.10 (before the
-    bands' second, small sort)."""
+    Two kernels and one sort of the (sequence, query block) pairs (kernels/work_lists.py)."""
     device = cu_seqlens_q.device
-    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()[:, None]
-    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()[:, None]
-    shape = _varlen_shape(lengths_q.shape[0], num_heads, num_m_blocks, num_programs, str(device))
-    if causal:
-        key_end = torch.clamp(torch.minimum(lengths_k, (shape.m_block + 1) * block_m + lengths_k
-                                            - lengths_q), min=0)
-    else:
-        key_end = lengths_k
-    cost = torch.where(shape.m_block * block_m < lengths_q, (key_end + block_n - 1) // block_n + 1,
-                       0).reshape(-1)
-    # Costliest first, by bands of VARLEN_COST_BAND key blocks; within a band one sequence's
-    # query blocks together (costliest first), so that the programs running at once share its
-    # K/V in L2 rather than each streaming another sequence's.
-    order = torch.argsort(-cost, stable=True)
-    band = torch.where(cost > 0, cost // VARLEN_COST_BAND, -1)[order]
-    order = order[torch.argsort(-band * lengths_q.shape[0] + order // num_m_blocks, stable=True)]
-    tiles = (order % num_m_blocks + order // num_m_blocks * (num_heads * num_m_blocks))[:, None]
-    tile_ids = torch.empty(shape.place.numel(), dtype=torch.int32, device=device)
-    tile_ids[shape.place] = (tiles + shape.head_offsets).reshape(-1).to(torch.int32)
-    # A program's tiles past their sequence's end come last in its list: it stops before them.
-    real = (shape.positions < (cost > 0).sum() * num_heads).sum(0, dtype=torch.int32)
-    return tile_ids, shape.starts, shape.starts[:-1] + real
-
-
-@dataclass(frozen=True)
-class _VarlenShape:
-    """What varlen_work_lists needs of a shape alone: m_block [1, M]; head_offsets [1, H] (tile-id
-    offsets of the heads); place [B·H·M] (where list position i lands in tile_ids: program-major,
-    snake order); positions [laps, P] (the list position program p takes at each lap, or the
-    list's length past its end); starts [P + 1]."""
-    m_block: torch.Tensor
-    head_offsets: torch.Tensor
-    place: torch.Tensor
-    positions: torch.Tensor
-    starts: torch.Tensor
-
-
-@functools.lru_cache(maxsize=64)
-def _varlen_shape(batch: int, num_heads: int, num_m_blocks: int, num_programs: int,
-                  device: str) -> _VarlenShape:
-    count = batch * num_heads * num_m_blocks
-    laps = -(-count // num_programs)
-    lap = torch.arange(laps)[:, None]
-    lane = torch.arange(num_programs)[None, :]
-    positions = lap * num_programs + torch.where(lap % 2 == 0, lane, num_programs - 1 - lane)
-    # List position positions[lap, p] is program p's lap-th tile: it lands at starts[p] + lap.
-    starts = torch.tensor(_snake_starts_list(count, num_programs)[:-1])[None, :]
-    place = torch.empty(laps * num_programs, dtype=torch.long)
-    place[positions.reshape(-1)] = (starts + lap).reshape(-1)
-    return _VarlenShape(
-        m_block=torch.arange(num_m_blocks, dtype=torch.int32, device=device)[None, :],
-        head_offsets=(torch.arange(num_heads, device=device) * num_m_blocks)[None, :],
-        place=place[:count].to(device), positions=torch.clamp(positions, max=count).to(device),
-        starts=_snake_starts(count, num_programs, device))
+    batch = cu_seqlens_q.shape[0] - 1
+    keys = torch.empty(batch * num_m_blocks, dtype=torch.int64, device=device)
+    real_pairs = torch.zeros(1, dtype=torch.int32, device=device)
+    work_lists.pair_keys_launch(cu_seqlens_q, cu_seqlens_k, keys, real_pairs, num_m_blocks,
+                                block_m, block_n, causal, VARLEN_COST_BAND).run()
+    order = torch.argsort(keys, stable=True)
+    starts = _snake_starts(batch * num_heads * num_m_blocks, num_programs, str(device))
+    tile_ids = torch.empty(batch * num_heads * num_m_blocks, dtype=torch.int32, device=device)
+    ends = torch.empty(num_programs, dtype=torch.int32, device=device)
+    work_lists.place_tiles_launch(order, starts, real_pairs, tile_ids, ends, num_m_blocks,
+                                  num_heads).run()
+    return tile_ids, starts, ends
 
 
 @functools.lru_cache(maxsize=256)
 def _snake_starts(num_tiles: int, num_programs: int, device: str) -> torch.Tensor:
     """starts of a snake over num_tiles, from the count alone (bincount would read the
     device); made once per shape, like prefill_work_lists' tensors."""
-    return torch.tensor(_snake_starts_list(num_tiles, num_programs), dtype=torch.int32,
-                        device=device)
-
-
-def _snake_starts_list(num_tiles: int, num_programs: int) -> list[int]:
     laps, rest = divmod(num_tiles, num_programs)
     last_lap = range(rest) if laps % 2 == 0 else range(num_programs - rest, num_programs)
     starts = [0]
     for program in range(num_programs):
         starts.append(starts[-1] + laps + (program in last_lap))
-    return starts
+    return torch.tensor(starts, dtype=torch.int32, device=device)

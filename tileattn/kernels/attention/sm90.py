@@ -275,10 +275,16 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         programs = block_plan.num_programs
         tile_ids, tile_starts = block_plan.tile_ids, block_plan.tile_starts
     elif sequences is not None:
-        programs = min(num_programs or num_sms(q.device), num_m_blocks * batch * num_q_heads)
-        tile_ids, tile_starts, tile_ends = varlen_work_lists(
-            sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks, block_m,
-            block_n, causal, programs)
+        num_tiles = num_m_blocks * batch * num_q_heads
+        programs = min(num_programs or num_sms(q.device), num_tiles)
+        if q.is_cuda:
+            tile_ids, tile_starts, tile_ends = varlen_work_lists(
+                sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks,
+                block_m, block_n, causal, programs)
+        else:   # cross-compiling on a CPU: the lists' values are never read
+            tile_ids = torch.zeros(num_tiles, dtype=torch.int32)
+            tile_starts = torch.zeros(programs + 1, dtype=torch.int32)
+            tile_ends = torch.zeros(programs, dtype=torch.int32)
     else:
         num_tiles = num_m_blocks * batch * num_q_heads
         programs = min(num_programs or num_sms(q.device), num_tiles)
