@@ -7,6 +7,8 @@ from tileattn.scheduler import (heads_per_group, prefill_work_lists, prefill_wor
                                 varlen_work_lists,
                                 weighted_work_lists_python)
 
+from .compile_helpers import run_without_interpreter
+
 SHAPES = [(1, 1, 132), (8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4), (131, 1, 132),
           (64, 32, 132), (32, 128, 132)]
 
@@ -121,3 +123,29 @@ def test_varlen_lists_hold_every_tile_once_and_balance(causal):
         assert all(cost(t) == 0 for t in tile_ids[end:next_start].tolist())
     loads = [sum(cost(t) for t in tile_ids[a:b].tolist()) for a, b, _ in ranges]
     assert max(loads) - min(loads) <= max(cost(t) for t in range(len(tile_ids)))
+
+
+WORK_LISTS_CHILD = r'''
+import json, torch
+from tileattn.kernels import work_lists
+from tileattn.kernels.compile import cross_compile
+cu = torch.zeros(9, dtype=torch.int32)
+keys = torch.empty(8 * 5, dtype=torch.int64)
+real = torch.zeros(1, dtype=torch.int32)
+order = torch.empty(8 * 5, dtype=torch.int64)
+starts = torch.zeros(133, dtype=torch.int32)
+tile_ids = torch.empty(8 * 5 * 32, dtype=torch.int32)
+ends = torch.empty(132, dtype=torch.int32)
+launches = [work_lists.pair_keys_launch(cu, cu, keys, real, 5, 128, 128, True, 16),
+            work_lists.pair_keys_launch(cu, cu, keys, real, 5, 128, 64, False, 16),
+            work_lists.place_tiles_launch(order, starts, real, tile_ids, ends, 5, 32)]
+print(json.dumps([[cap, cross_compile(launch, cap).shared_bytes] for cap in (80, 89, 90)
+                  for launch in launches]))
+'''
+
+
+def test_varlen_list_kernels_compile_for_every_chip():
+    """The two kernels every packed Hopper call runs before attention compile for sm80, sm89
+    and sm90 (the interpreter accepts what the compiler might not)."""
+    compiled = run_without_interpreter(WORK_LISTS_CHILD)
+    assert len(compiled) == 9 and all(shared >= 0 for _, shared in compiled)
