@@ -149,3 +149,11 @@ def test_varlen_list_kernels_compile_for_every_chip():
     and sm90 (the interpreter accepts what the compiler might not)."""
     compiled = run_without_interpreter(WORK_LISTS_CHILD)
     assert len(compiled) == 9 and all(shared >= 0 for _, shared in compiled)
+
+
+@pytest.mark.parametrize("lengths", [[], [0, 0, 0]])
+def test_varlen_lists_without_queries_end_where_they_start(lengths):
+    """No sequence or only empty ones: every program's list ends where it starts."""
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
+    tile_ids, starts, ends = varlen_work_lists(cu, cu, 4, 1, 128, 128, True, 3)
+    assert len(tile_ids) == len(lengths) * 4 and torch.equal(ends, starts[:-1])

@@ -84,7 +84,7 @@ def pair_keys_launch(cu_seqlens_q, cu_seqlens_k, keys, real_pairs, num_m_blocks,
     args = dict(cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k, key_ptr=keys,
                 real_pairs_ptr=real_pairs, num_pairs=keys.numel(), num_m_blocks=num_m_blocks,
                 batch=batch, block_m=block_m, block_n=block_n)
-    return KernelLaunch(pair_keys_kernel, (triton.cdiv(keys.numel(), BLOCK),), args,
+    return KernelLaunch(pair_keys_kernel, (max(1, triton.cdiv(keys.numel(), BLOCK)),), args,
                         dict(CAUSAL=causal, BAND=band, COST_LIMIT=COST_LIMIT, BLOCK=BLOCK),
                         NUM_WARPS, 1)
 
@@ -96,6 +96,8 @@ def place_tiles_launch(order, starts, real_pairs, tile_ids, ends, num_m_blocks,
     args = dict(order_ptr=order, starts_ptr=starts, real_pairs_ptr=real_pairs,
                 tile_ids_ptr=tile_ids, ends_ptr=ends, num_positions=tile_ids.numel(),
                 num_m_blocks=num_m_blocks, num_heads=num_heads, num_programs=num_programs)
-    return KernelLaunch(place_tiles_kernel, (triton.cdiv(tile_ids.numel(), BLOCK),), args,
+    # At least one program: program 0 writes the ends even of an empty list.
+    grid = (max(1, triton.cdiv(tile_ids.numel(), BLOCK)),)
+    return KernelLaunch(place_tiles_kernel, grid, args,
                         dict(BLOCK=BLOCK, PROGRAMS_BLOCK=triton.next_power_of_2(num_programs)),
                         NUM_WARPS, 1)
