@@ -271,23 +271,20 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
 
     num_m_blocks = -(-seqlen_q // block_m)
+    num_tiles = num_m_blocks * batch * num_q_heads
+    programs = (block_plan.num_programs if block_plan is not None
+                else min(num_programs or num_sms(q.device), num_tiles))
     if block_plan is not None:
-        programs = block_plan.num_programs
         tile_ids, tile_starts = block_plan.tile_ids, block_plan.tile_starts
-    elif sequences is not None:
-        num_tiles = num_m_blocks * batch * num_q_heads
-        programs = min(num_programs or num_sms(q.device), num_tiles)
-        if q.is_cuda:
-            tile_ids, tile_starts, tile_ends = varlen_work_lists(
-                sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks,
-                block_m, block_n, causal, programs)
-        else:   # cross-compiling on a CPU: the lists' values are never read
-            tile_ids = torch.zeros(num_tiles, dtype=torch.int32)
-            tile_starts = torch.zeros(programs + 1, dtype=torch.int32)
-            tile_ends = torch.zeros(programs, dtype=torch.int32)
+    elif sequences is not None and q.is_cuda:
+        tile_ids, tile_starts, tile_ends = varlen_work_lists(
+            sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks, block_m,
+            block_n, causal, programs)
+    elif sequences is not None:     # cross-compiling on a CPU: the lists' values are never read
+        tile_ids = torch.zeros(num_tiles, dtype=torch.int32)
+        tile_starts = torch.zeros(programs + 1, dtype=torch.int32)
+        tile_ends = torch.zeros(programs, dtype=torch.int32)
     else:
-        num_tiles = num_m_blocks * batch * num_q_heads
-        programs = min(num_programs or num_sms(q.device), num_tiles)
         group_heads = heads_per_group(causal, seqlen_k, head_dim + head_dim_v, q.element_size())
         tile_ids, tile_starts = prefill_work_lists(num_m_blocks, batch * num_q_heads, causal,
                                                    programs, q.device, group_heads)
