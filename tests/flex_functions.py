@@ -35,6 +35,22 @@ def alibi(slopes):
     return alibi_bias
 
 
+def linear_alibi(slopes):
+    """ALiBi as FlexAttention's examples write it for a causal mask: linear in q - kv, no abs
+    (flex/linear.py: the Hopper kernel adds it as row and column terms)."""
+    def linear_alibi_bias(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx)
+    return linear_alibi_bias
+
+
+def distance_bias(slopes, bias):
+    """Linear in q - kv too, written as separate terms, with a bias per batch entry and head:
+    score + d + c (q - kv) for c = slopes[h] / 2, d = bias[b, h]."""
+    def distance_bias_score(score, b, h, q_idx, kv_idx):
+        return score + bias[b, h] + kv_idx * (-slopes[h]) / 2 + q_idx * slopes[h] / 2.0
+    return distance_bias_score
+
+
 def softcap(cap):
     def softcap_score(score, b, h, q_idx, kv_idx):
         return cap * torch.tanh(score / cap)

@@ -17,8 +17,8 @@ from tileattn.flex import translate
 from tileattn.flex.trace import UnsupportedModError
 
 from .compile_helpers import run_without_interpreter
-from .flex_functions import (alibi, causal, doc_ids_for, document, every_op, prefix_lm,
-                             relative_position, sliding_window, softcap,
+from .flex_functions import (alibi, causal, distance_bias, doc_ids_for, document, every_op,
+                             linear_alibi, prefix_lm, relative_position, sliding_window, softcap,
                              softcapped_document_bias)
 from .flex_hook_runner import (eager_mask_mod, eager_score_mod, eager_score_mod_grad,
                                run_mask_hook, run_score_hook)
@@ -165,6 +165,35 @@ def test_position_arithmetic_converts_positions_not_scores():
     query = torch.empty(1, 1, (1 << 22) + 1, 64, dtype=torch.float16, device="meta")
     with pytest.raises(ValueError, match="sequence length"):
         tileattn.flex_attention(query, query, query)
+
+
+LINEAR_SLOPES = torch.rand(HEADS)
+LINEAR_FACTORS = torch.arange(HEADS, dtype=torch.int32)
+LINEAR_CASES = {
+    "linear alibi": (linear_alibi(LINEAR_SLOPES), True),
+    "terms": (distance_bias(LINEAR_SLOPES, torch.rand(2, HEADS)), True),
+    "bias per head": (lambda s, b, h, q, kv: s + LINEAR_SLOPES[h], True),
+    "int distance": (lambda s, b, h, q, kv: s + (kv - q) * 3, True),
+    "divided": (lambda s, b, h, q, kv: s + (q - kv) / LINEAR_SLOPES[h] - 2, True),
+    "alibi with abs": (alibi(LINEAR_SLOPES), False),
+    "query term only": (lambda s, b, h, q, kv: s + q * 0.5, False),
+    "scaled score": (lambda s, b, h, q, kv: s * 2 - (q - kv), False),
+    "product of positions": (lambda s, b, h, q, kv: s + q * kv * 1.0, False),
+    "int that wraps": (lambda s, b, h, q, kv: s + (q - kv) * 1000 * 1000, False),
+    "int factor per head": (lambda s, b, h, q, kv: s + (q - kv) * LINEAR_FACTORS[h], False),
+    "bf16 term": (lambda s, b, h, q, kv: s + (LINEAR_SLOPES[h] * (q - kv)).bfloat16(), False),
+    "truncated": (lambda s, b, h, q, kv: s + (0.5 * (q - kv)).int(), False),
+    "softcap": (softcap(20.0), False),
+}
+
+
+@pytest.mark.parametrize("name", LINEAR_CASES)
+def test_distance_linear_form(name):
+    """flex/linear.py proves score + c (q - kv) + d symbolically and refuses everything else
+    (the Hopper kernel then adds the mod as row and column terms). The GPU tests run the
+    kernel on the linear cases (tests/gpu/test_flex_sm90.py)."""
+    fn, linear = LINEAR_CASES[name]
+    assert translate.translate_mods(fn, None, device=CPU).score_linear is linear
 
 
 def test_derivative_hook_loads_only_what_it_needs():

@@ -15,9 +15,9 @@ from tileattn.kernels.attention import sm90
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
 from ..flex_cases import check_against_torch
-from ..flex_functions import (alibi, causal, doc_ids_for, document, every_op, prefix_lm,
-                              relative_position, sliding_window, softcap,
-                              softcapped_document_bias)
+from ..flex_functions import (alibi, causal, distance_bias, doc_ids_for, document, every_op,
+                              linear_alibi, prefix_lm, relative_position, sliding_window,
+                              softcap, softcapped_document_bias)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
@@ -51,6 +51,10 @@ def _mods(kind, batch, heads, seqlen_q, seqlen_k):
         "document": (document(doc_ids), None),
         "prefix_lm": (prefix_lm(333), None),
         "alibi": (causal, alibi(slopes)),
+        "linear_alibi": (causal, linear_alibi(slopes)),
+        # No mask: keys on both sides of each query.
+        "distance_bias": (None, distance_bias(slopes, torch.randn(batch, heads, device="cuda",
+                                                                  generator=gen))),
         "softcap": (causal, softcap(20.0)),
         "relative_position": (None, relative_position(table, 64)),
         "softcapped_document_bias": (document(doc_ids), softcapped_document_bias(
@@ -91,6 +95,22 @@ KINDS = ["causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap"
 @pytest.mark.parametrize("kind", KINDS)
 def test_masks_and_score_mods(kind, dtype, launches):
     _check(_arguments(kind, dtype), launches)
+
+
+@pytest.mark.parametrize("kind,seqlen_q,seqlen_k", [
+    ("linear_alibi", 777, 1537), ("distance_bias", 1000, 1000), ("linear_alibi", 1000, 1000),
+    ("distance_bias", 777, 1537)])
+def test_linear_score_mods(kind, seqlen_q, seqlen_k, launches, monkeypatch):
+    """score_mods of flex/linear.py's form run as a term per row and one per key column."""
+    flags = []
+    counting = sm90.attention_sm90_launch
+
+    def recording(*args, **kwargs):
+        flags.append(kwargs.get("score_linear"))
+        return counting(*args, **kwargs)
+    monkeypatch.setattr(sm90, "attention_sm90_launch", recording)
+    _check(_arguments(kind, torch.bfloat16, seqlen_q=seqlen_q, seqlen_k=seqlen_k), launches)
+    assert flags == [True]
 
 
 @pytest.mark.parametrize("block_size", [(128, 64), (256, 128), (128, 256), (256, 192)])

@@ -39,16 +39,23 @@ def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
 
 
 @gluon.jit
-def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
+def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None):
     """One block of the online softmax in base 2, on scores s whose invisible entries the
-    caller has set to -inf (only when MASKED): returns (p, alpha, m_new, l_new)."""
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    caller has set to -inf (only when MASKED): returns (p, alpha, m_new, l_new). With
+    row_offset (a row vector), row r's scores are s * qk_scale + row_offset[r]."""
+    row_max = gl.max(s, 1) * qk_scale
+    if row_offset is not None:
+        row_max = row_max + row_offset
+    m_new = gl.maximum(m_i, row_max)
     if MASKED:
         # A row that has seen no visible key keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_safe = m_new
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+    if row_offset is not None:
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe - row_offset, 1))
+    else:
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new

@@ -71,7 +71,8 @@ def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, retu
                 query.transpose(1, 2), key_all.transpose(1, 2), value_all.transpose(1, 2),
                 out.transpose(1, 2), lse, softmax_scale=scale, score_mod=hooks.score_mod,
                 mask_mod=hooks.mask_mod, mod_args=hooks.mod_args, block_mask_tensors=block_lists,
-                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                score_linear=hooks.score_linear)
         return out, lse
 
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
@@ -86,8 +87,10 @@ def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, retu
 
 
 def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod, mod_args,
-                        block_mask_tensors, q_descale, k_descale, v_descale) -> None:
-    """The kernel entry point (module docstring)."""
+                        block_mask_tensors, q_descale, k_descale, v_descale,
+                        score_linear: bool = False) -> None:
+    """The kernel entry point (module docstring). score_linear: translate_mods' flag (the
+    Hopper kernel adds such a score_mod as terms per row and per key column)."""
     if q.shape[1] == 0:
         return
     if k.shape[1] == 0:
@@ -100,7 +103,7 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
                    (block_mask_tensors.q_block_size, block_mask_tensors.kv_block_size))
     if dispatch.flex_kernel(arch, q, k, v, block_sizes, mask_mod, dispatch.current()) == "sm90":
         _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
-                      block_mask_tensors)
+                      block_mask_tensors, score_linear)
         return
     if v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v):
         v = fp8.k_major_copy(v.contiguous() if v.stride(0) == 0 else v)
@@ -116,7 +119,7 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
 
 
 def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
-                  block_mask_tensors) -> None:
+                  block_mask_tensors, score_linear) -> None:
     """attention_with_mods on the Hopper kernel (dispatch.flex_kernel chose it)."""
     from ..arch import num_sms
     from ..flex.tile_plan import tile_plan
@@ -133,4 +136,4 @@ def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_arg
                          kv_bytes_per_key=(q.shape[3] + v.shape[3]) * q.element_size())
     sm90.attention_sm90_launch(q, k, v, out, lse, softmax_scale, False, config=config,
                                block_plan=plan, score_mod=score_mod, mask_mod=mask_mod,
-                               mod_args=tuple(mod_args)).run()
+                               mod_args=tuple(mod_args), score_linear=score_linear).run()

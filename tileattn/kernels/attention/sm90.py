@@ -140,8 +140,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                           RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
                           HAS_LEFT: gl.constexpr, KV_BLOCK: gl.constexpr,
-                          SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,
-                          VARLEN: gl.constexpr):
+                          SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
+                          MASK_MOD: gl.constexpr, VARLEN: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -164,7 +164,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     BlockMask's; tileattn/flex/tile_plan.py):
         tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
-    SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ().
+    SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ();
+    SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem).
     VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1], program p's tiles ending at
     tile_ends[p] (int32 [programs]; scheduler.varlen_work_lists): q, k, v descriptors of batch 1
     over [total, heads, head dim], out [total_q, num_q_heads, OUT_DIM] (stride_ob 0), lse
@@ -174,7 +175,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
                       tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
                       cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
-                      KV_BLOCK, SCORE_MOD, MASK_MOD, VARLEN)
+                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
@@ -236,14 +237,17 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
                           softcap: float = 0.0, window_left: int = -1,
                           config: Sm90Config | None = None, num_programs: int | None = None,
                           block_plan=None, score_mod=None, mask_mod=None,
-                          mod_args: tuple = (), sequences=None) -> KernelLaunch:
+                          mod_args: tuple = (), sequences=None,
+                          score_linear: bool = False) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
     softcap > 0 caps the scores at softcap·tanh(s / softcap) and window_left >= 0 hides keys
     before p - window_left from the query at key position p (attention()'s softcap and
     window_size[0]; the right bound is causal's or none). block_plan (a flex.tile_plan.TilePlan
     made for config's BLOCK_M, whose mask blocks BLOCK_N divides) replaces causal and windows
     by a BlockMask's lists, and its work lists the scheduler's; score_mod / mask_mod (the
-    latter with a block_plan only) with mod_args are docs/design.md's hooks ("Mods").
+    latter with a block_plan only) with mod_args are docs/design.md's hooks ("Mods");
+    score_linear: score_mod has flex/linear.py's form, which the kernel adds as terms per row
+    and per key column.
     sequences (a kernels.attention.fwd.Sequences without block_table): q, k, v, out packed
     [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's."""
     if sequences is not None:
@@ -311,7 +315,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
         HAS_LEFT=window_left >= 0,
         KV_BLOCK=block_plan.kv_block_size if block_plan is not None else 0,
-        SCORE_MOD=score_mod, MASK_MOD=mask_mod, VARLEN=sequences is not None,
+        SCORE_MOD=score_mod, SCORE_LINEAR=score_linear and score_mod is not None,
+        MASK_MOD=mask_mod, VARLEN=sequences is not None,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

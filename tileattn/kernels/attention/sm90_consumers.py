@@ -175,11 +175,12 @@ class Consumer:
         return gl.convert_layout(p_f32.to(self.P_DTYPE), self.p_layout)
 
     @gluon.jit
-    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, mod_args,
+    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, mod_args, score_columns,
                        MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
         """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
         (p, alpha, m_new, l_new). MASKED applies the sequence end, causal and the window,
-        MASK_HOOK also MASK_MOD; SCORE_MOD applies to every block."""
+        MASK_HOOK also MASK_MOD; SCORE_MOD applies to every block (with SCORE_LINEAR as
+        score_columns, the tile's linear_columns, plus a term per row)."""
         problem = self.problem
         BLOCK_N: gl.constexpr = problem.BLOCK_N
         cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
@@ -196,7 +197,16 @@ class Consumer:
             s = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f",
                                           [s * problem.softcap_in], dtype=gl.float32,
                                           is_pure=True, pack=1)
-        if problem.SCORE_MOD is not None:
+        row_offset = None
+        if problem.SCORE_LINEAR:
+            # score + c (q - kv) + d = (score + c (key_start - kv)) + (the hook at the row and
+            # key_start): a column term per tile, a row term per block (flex/linear.py).
+            s = s * qk_scale + score_columns
+            qk_scale = 1.0
+            row_offset = problem.SCORE_MOD(gl.zeros_like(rows).to(gl.float32), tile.batch,
+                                           tile.head, rows, gl.full_like(rows, key_start),
+                                           causal_shift, mod_args) * 1.4426950408889634
+        elif problem.SCORE_MOD is not None:
             # Hooks see natural-log scores; the softmax then works in base 2.
             s = problem.SCORE_MOD(s * (qk_scale * 0.6931471805599453), tile.batch, tile.head,
                                   q_idx, kv_idx, causal_shift, mod_args)
@@ -219,7 +229,25 @@ class Consumer:
                                                          causal_shift, mod_args),
                                      kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
-        return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None)
+        return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
+                              row_offset)
+
+    @gluon.jit
+    def linear_columns(self, tile, mod_args):
+        """With SCORE_LINEAR: log2(e) (hook(0, 0, j) - hook(0, 0, 0)) = -c j log2(e) for the
+        tile's key columns j, [1, BLOCK_N] (a tile's heads and batch fix c); else 0."""
+        if self.problem.SCORE_LINEAR:
+            cols = gl.expand_dims(gl.arange(0, self.problem.BLOCK_N,
+                                            layout=gl.SliceLayout(0, self.s_layout)), 0)
+            zeros = gl.zeros_like(cols)
+            score = zeros.to(gl.float32)
+            at_key = self.problem.SCORE_MOD(score, tile.batch, tile.head, zeros, cols, 0,
+                                            mod_args)
+            at_first = self.problem.SCORE_MOD(score, tile.batch, tile.head, zeros, zeros, 0,
+                                              mod_args)
+            return (at_key - at_first) * 1.4426950408889634
+        else:
+            return 0.0
 
 
 @gluon.jit
@@ -269,8 +297,8 @@ class KeyLoop:
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, MASKED: gl.constexpr,
-                MASK_HOOK: gl.constexpr):
+def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, score_columns,
+                MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
     """Steps [block_start, block_end) of the tile: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
     The loop carries P_{j-1}."""
     problem = wg.problem
@@ -293,7 +321,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, MASKED: 
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(rings.k_empty.index(stage), count=1)
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
-                                                   MASKED, MASK_HOOK)
+                                                   score_columns, MASKED, MASK_HOOK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(rings.v_empty.index(prev_stage), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
@@ -305,7 +333,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, MASKED: 
 
 
 @gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args):
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args, score_columns):
     """The steps of one tile (at least one), the loop carrying P; releases Q after its last
     S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
     problem = wg.problem
@@ -328,10 +356,10 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args):
     HOOKED: gl.constexpr = LISTED and problem.MASK_MOD is not None
     if HOOKED and first < tile.first_full:   # a partial block: MASK_MOD applies
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
-                                                   True, True)
+                                                   score_columns, True, True)
     else:
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
-                                                   True, False)
+                                                   score_columns, True, False)
     loop = KeyLoop(acc, wg.p_operand(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
 
     # Steps crossing the left window bound (block lists: partial blocks), those every row sees
@@ -340,12 +368,12 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args):
     if problem.HAS_LEFT or LISTED:
         loop = _key_blocks(loop, rows, tile, first + 1, gl.minimum(tile.first_full,
                                                                    tile.num_blocks),
-                           wg, mod_args, True, HOOKED)
+                           wg, mod_args, score_columns, True, HOOKED)
     unmasked_from = gl.maximum(tile.first_full, first + 1)
-    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, mod_args, False,
-                       False)
+    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, mod_args,
+                       score_columns, False, False)
     loop = _key_blocks(loop, rows, tile, gl.maximum(tile.num_full, unmasked_from),
-                       tile.num_blocks, wg, mod_args, True, False)
+                       tile.num_blocks, wg, mod_args, score_columns, True, False)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(rings.q_empty, count=1)
@@ -441,9 +469,9 @@ def consumer_partition(problem, output, rings, mod_args, HALF: gl.constexpr,
             acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
             mbarrier.wait(rings.q_ready, tile_count & 1)
             if tile.first_block < tile.num_blocks:
-                acc, m_i, l_i, kv_count, turn_count = _attend_tile(acc, m_i, l_i, kv_count,
-                                                                   turn_count, rows, tile, wg,
-                                                                   mod_args)
+                acc, m_i, l_i, kv_count, turn_count = _attend_tile(
+                    acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args,
+                    wg.linear_columns(tile, mod_args))
             else:
                 mbarrier.arrive(rings.q_empty, count=1)
             _store_tile(acc, m_i, l_i, rows, tile, output, wg)

@@ -37,7 +37,8 @@ class Problem:
     query i (at key position p = i + seqlen_k - seqlen_q) sees no key before p - window_left
     (masks.py's rule): tiles visit only the key blocks of their window. With KV_BLOCK > 0 the
     tiles visit block lists (module docstring; tile_lists, kv_index_ptr, full_index_ptr).
-    SCORE_MOD / MASK_MOD: docs/design.md's hooks ("Mods"), or None."""
+    SCORE_MOD / MASK_MOD: docs/design.md's hooks ("Mods"), or None; SCORE_LINEAR: SCORE_MOD is
+    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py)."""
     tile_ids_ptr: Scalar
     tile_starts_ptr: Scalar
     num_m_blocks: Scalar
@@ -62,6 +63,7 @@ class Problem:
     HAS_LEFT: gl.constexpr
     KV_BLOCK: gl.constexpr
     SCORE_MOD: gl.constexpr
+    SCORE_LINEAR: gl.constexpr
     MASK_MOD: gl.constexpr
     VARLEN: gl.constexpr
 
@@ -70,8 +72,8 @@ class Problem:
                  seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, tile_lists_ptr,
                  kv_index_ptr, full_index_ptr, tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                  BLOCK_M,
-                 BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD, MASK_MOD,
-                 VARLEN):
+                 BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD,
+                 SCORE_LINEAR, MASK_MOD, VARLEN):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -96,6 +98,7 @@ class Problem:
         self.HAS_LEFT = gl.constexpr(HAS_LEFT)
         self.KV_BLOCK = gl.constexpr(KV_BLOCK)
         self.SCORE_MOD = gl.constexpr(SCORE_MOD)
+        self.SCORE_LINEAR = gl.constexpr(SCORE_LINEAR)
         self.MASK_MOD = gl.constexpr(MASK_MOD)
         self.VARLEN = gl.constexpr(VARLEN)
 
