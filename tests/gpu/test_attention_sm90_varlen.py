@@ -69,7 +69,7 @@ def test_varlen(dtype, head_dim, head_dim_v, causal, softcap, left):
 
 def test_attention_varlen_dispatches_here(monkeypatch):
     """attention_varlen runs this kernel for causal, left windows and ALiBi (its score hook,
-    with softcap), and agrees with the reference."""
+    with softcap; causal: as row and column terms), and agrees with the reference."""
     monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
     launched = []
     original = sm90.attention_sm90_launch
@@ -79,8 +79,11 @@ def test_attention_varlen_dispatches_here(monkeypatch):
     q, k, v, cu_q, cu_k = _packed(128, torch.bfloat16)
     for masks in (dict(causal=True), dict(causal=True, window_size=(500, 0)),
                   dict(alibi_slopes=torch.rand(8, device="cuda")),
-                  dict(causal=True, softcap=30.0, alibi_slopes=torch.rand(7, 8, device="cuda"))):
+                  dict(causal=True, softcap=30.0, alibi_slopes=torch.rand(7, 8, device="cuda")),
+                  # Causal ALiBi runs as row and column terms (flex/linear.py), with a window too.
+                  dict(causal=True, window_size=(300, 0),
+                       alibi_slopes=torch.rand(8, device="cuda"))):
         out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K),
                                              return_lse=True, **masks)
         _assert_close(out, lse, q, k, v, cu_q, cu_k, **dict(dict(causal=False), **masks))
-    assert launched == [True, True, True, True]
+    assert launched == [True] * 5

@@ -131,6 +131,15 @@ def test_lengths(seqlen_q, seqlen_k, launches):
            launches)
 
 
+@pytest.mark.parametrize("kind,seqlen_q,seqlen_k,block_size", [
+    ("document", 1024, 1024, (128, 128)), ("prefix_lm", 640, 1280, (128, 256)),
+    ("sliding_window", 1280, 1024, (256, 128))])
+def test_mask_blocks_tiling_the_keys(kind, seqlen_q, seqlen_k, block_size, launches):
+    """Mask blocks that tile the keys exactly (no block crossing the sequence end)."""
+    _check(_arguments(kind, torch.bfloat16, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                      block_size=block_size), launches)
+
+
 def test_gqa(launches):
     _check(_arguments("softcapped_document_bias", torch.bfloat16, heads=8, kv_heads=2),
            launches)

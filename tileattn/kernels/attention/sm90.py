@@ -45,6 +45,7 @@ from ...scheduler import heads_per_group, prefill_work_lists, varlen_work_lists
 from .configs import padded_head_dim
 from .sm90_consumers import Output, Rings, consumer_partition
 from .sm90_tiles import Problem
+from .. import mods
 from ..runtime import KernelLaunch
 from ..gluon_common import GL_DTYPES, tma_ready
 
@@ -247,7 +248,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     by a BlockMask's lists, and its work lists the scheduler's; score_mod / mask_mod (the
     latter with a block_plan only) with mod_args are docs/design.md's hooks ("Mods");
     score_linear: score_mod has flex/linear.py's form, which the kernel adds as terms per row
-    and per key column.
+    and per key column (so does the built-in ALiBi under causal).
     sequences (a kernels.attention.fwd.Sequences without block_table): q, k, v, out packed
     [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's."""
     if sequences is not None:
@@ -315,7 +316,10 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
         HAS_LEFT=window_left >= 0,
         KV_BLOCK=block_plan.kv_block_size if block_plan is not None else 0,
-        SCORE_MOD=score_mod, SCORE_LINEAR=score_linear and score_mod is not None,
+        # The built-in ALiBi, -slope |p - kv|, is linear in q - kv on the keys causal rows see.
+        SCORE_LINEAR=score_mod is not None and (score_linear
+                                                or causal and score_mod is mods.alibi),
+        SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)

@@ -200,7 +200,9 @@ class Consumer:
         row_offset = None
         if problem.SCORE_LINEAR:
             # score + c (q - kv) + d = (score + c (key_start - kv)) + (the hook at the row and
-            # key_start): a column term per tile, a row term per block (flex/linear.py).
+            # key_start): a column term per tile, a row term per block (flex/linear.py). Rows
+            # that see a key of the block are at or past key_start, as the built-in ALiBi's
+            # linear form needs.
             s = s * qk_scale + score_columns
             qk_scale = 1.0
             row_offset = problem.SCORE_MOD(gl.zeros_like(rows).to(gl.float32), tile.batch,
@@ -234,16 +236,18 @@ class Consumer:
 
     @gluon.jit
     def linear_columns(self, tile, mod_args):
-        """With SCORE_LINEAR: log2(e) (hook(0, 0, j) - hook(0, 0, 0)) = -c j log2(e) for the
-        tile's key columns j, [1, BLOCK_N] (a tile's heads and batch fix c); else 0."""
+        """With SCORE_LINEAR: log2(e) (hook(0, n, j) - hook(0, n, 0)) = -c j log2(e) for the
+        tile's key columns j, [1, BLOCK_N], probed from query n = BLOCK_N >= j (the built-in
+        ALiBi's |q - kv| is linear there); a tile's batch and head fix c. Else 0."""
         if self.problem.SCORE_LINEAR:
             cols = gl.expand_dims(gl.arange(0, self.problem.BLOCK_N,
                                             layout=gl.SliceLayout(0, self.s_layout)), 0)
             zeros = gl.zeros_like(cols)
+            query = zeros + self.problem.BLOCK_N
             score = zeros.to(gl.float32)
-            at_key = self.problem.SCORE_MOD(score, tile.batch, tile.head, zeros, cols, 0,
+            at_key = self.problem.SCORE_MOD(score, tile.batch, tile.head, query, cols, 0,
                                             mod_args)
-            at_first = self.problem.SCORE_MOD(score, tile.batch, tile.head, zeros, zeros, 0,
+            at_first = self.problem.SCORE_MOD(score, tile.batch, tile.head, query, zeros, 0,
                                               mod_args)
             return (at_key - at_first) * 1.4426950408889634
         else:
