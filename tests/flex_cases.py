@@ -16,8 +16,8 @@ from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
 from tileattn.arch import FP8_DTYPES
 
-from .flex_functions import (alibi, causal, doc_ids_for, document, prefix_lm,
-                                  relative_position, sliding_window, softcap)
+from .flex_functions import (alibi, causal, distance_bias, doc_ids_for, document,
+                             linear_alibi, prefix_lm, relative_position, sliding_window, softcap)
 
 HEAD_DIM = 64
 
@@ -84,6 +84,18 @@ def case(name: str, dtype=torch.bfloat16, device="cpu", scale_up: int = 1):
                                            block_size=(32, 16))
         kwargs["score_mod"] = alibi(torch.rand(2, generator=torch.Generator().manual_seed(3))
                                     .to(device))
+    elif name == "causal_linear_alibi":
+        # Linear in q - kv (flex/linear.py): the kernels add it as row and column terms.
+        tensors, descales = _inputs(2, 2, 2, 37 * scale_up, sk, dtype, device, 11)
+        kwargs["block_mask"] = _block_mask(causal, None, None, 37 * scale_up, sk, device)
+        slopes = torch.rand(2, generator=torch.Generator().manual_seed(11))
+        kwargs["score_mod"] = linear_alibi(slopes.to(device))
+    elif name == "distance_bias":
+        # Linear too, with keys on both sides of each query and a bias per batch entry.
+        tensors, descales = _inputs(2, 2, 2, sq, sk, dtype, device, 12)
+        gen = torch.Generator().manual_seed(12)
+        kwargs["score_mod"] = distance_bias(torch.rand(2, generator=gen).to(device),
+                                            torch.randn(2, 2, generator=gen).to(device))
     elif name == "prefix_lm_relative_position":
         tensors, descales = _inputs(1, 2, 2, sq, sk, dtype, device, 4)
         kwargs["block_mask"] = _block_mask(prefix_lm(11 * scale_up), 1, 2, sq, sk, device)
@@ -128,7 +140,8 @@ def case(name: str, dtype=torch.bfloat16, device="cpu", scale_up: int = 1):
 
 CASES = ["plain", "causal", "sliding_window_softcap", "document_alibi",
          "prefix_lm_relative_position", "gqa_causal", "kv_batch_broadcast",
-         "non_square_no_full_blocks", "rows_seeing_nothing", "block_lists_only", "scale_and_lse"]
+         "non_square_no_full_blocks", "rows_seeing_nothing", "block_lists_only", "scale_and_lse",
+         "causal_linear_alibi", "distance_bias"]
 
 
 def _block_pattern(batch, seqlen_q, seqlen_k, device, block=16):

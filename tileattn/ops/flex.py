@@ -90,7 +90,7 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
                         block_mask_tensors, q_descale, k_descale, v_descale,
                         score_linear: bool = False) -> None:
     """The kernel entry point (module docstring). score_linear: translate_mods' flag (the
-    Hopper kernel adds such a score_mod as terms per row and per key column)."""
+    kernels add such a score_mod as a term per row and one per key column)."""
     if q.shape[1] == 0:
         return
     if k.shape[1] == 0:
@@ -113,7 +113,7 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
             config, block_m=largest_tile(block_mask_tensors.q_block_size, config.block_m),
             block_n=largest_tile(block_mask_tensors.kv_block_size, config.block_n))
     masks = fwd.Masks(score_mod=score_mod, mask_mod=mask_mod, mod_args=tuple(mod_args),
-                      block_mask=block_mask_tensors)
+                      block_mask=block_mask_tensors, score_linear=score_linear)
     fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale,
                          False, arch, config, masks=masks).run()
 

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ...arch import Arch
 from ...scheduler import heads_per_group
+from .. import mods
 from ..runtime import KernelLaunch
 from .configs import (DESCALE_BLOCK_ROWS, SAME_CONFIGS_AS, TileConfig, block_descale_stride,
                       descale_args, padded_head_dim)
@@ -125,7 +126,7 @@ def attention_fwd_kernel(
     IS_VARLEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
     BLOCK_MASK_Q: tl.constexpr, BLOCK_MASK_KV: tl.constexpr, HAS_FULL_BLOCKS: tl.constexpr,
-    P_OFFSET: tl.constexpr,
+    P_OFFSET: tl.constexpr, SCORE_LINEAR: tl.constexpr = False,
 ):
     # Program order = launch order. Under a causal mask the last query tiles see the most keys,
     # so tiles go longest first (the short ones fill the tail) within groups of
@@ -212,7 +213,7 @@ def attention_fwd_kernel(
             stride_vb, batch, head, offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale,
             k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
             HEAD_DIM_V_PAD, BLOCK_N, PAGE_SIZE, SCORE_MOD, MASK_MOD, K_DESCALE_BLOCK, P_OFFSET,
-            BLOCK_MASK_KV)
+            BLOCK_MASK_KV, SCORE_LINEAR=SCORE_LINEAR)
         if HAS_FULL_BLOCKS:
             full_count_at = (batch * stride_full_mask_b + head * stride_full_mask_h
                              + q_block * stride_full_mask_q)
@@ -225,7 +226,8 @@ def attention_fwd_kernel(
                 stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
                 offs_n, offs_d, offs_dv, seqlen_k, shift, qk_scale, k_descale_row,
                 stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD, HEAD_DIM_V_PAD,
-                BLOCK_N, PAGE_SIZE, SCORE_MOD, None, K_DESCALE_BLOCK, P_OFFSET, BLOCK_MASK_KV)
+                BLOCK_N, PAGE_SIZE, SCORE_MOD, None, K_DESCALE_BLOCK, P_OFFSET, BLOCK_MASK_KV,
+                SCORE_LINEAR=SCORE_LINEAR)
     else:
         last_row = tl.minimum(start_m * BLOCK_M + BLOCK_M, seqlen_q)
         lo, full_lo, full_hi, hi = key_blocks(start_m * BLOCK_M, last_row, seqlen_k, shift,
@@ -238,21 +240,21 @@ def attention_fwd_kernel(
                 offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right, qk_scale,
                 k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
                 HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
-                K_DESCALE_BLOCK, P_OFFSET)
+                K_DESCALE_BLOCK, P_OFFSET, SCORE_LINEAR=SCORE_LINEAR)
         acc, l_i, m_i, bad_page = attend_key_blocks(
             acc, l_i, m_i, bad_page, q, full_lo, full_hi, None, k_base, v_base, stride_ks,
             stride_vs, stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head,
             offs_m, offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right, qk_scale,
             k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
             HEAD_DIM_V_PAD, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
-            K_DESCALE_BLOCK, P_OFFSET)
+            K_DESCALE_BLOCK, P_OFFSET, SCORE_LINEAR=SCORE_LINEAR)
         acc, l_i, m_i, bad_page = attend_key_blocks(
             acc, l_i, m_i, bad_page, q, full_hi, hi, None, k_base, v_base, stride_ks, stride_vs,
             stride_vd, block_table_row, num_pages, stride_kb, stride_vb, batch, head, offs_m,
             offs_n, offs_d, offs_dv, seqlen_k, shift, window_left, window_right, qk_scale,
             k_descale_row, stride_k_descale_t, mod_args, HEAD_DIM, HEAD_DIM_V, HEAD_DIM_PAD,
             HEAD_DIM_V_PAD, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, PAGE_SIZE, SCORE_MOD, None,
-            K_DESCALE_BLOCK, P_OFFSET)
+            K_DESCALE_BLOCK, P_OFFSET, SCORE_LINEAR=SCORE_LINEAR)
 
     # Rows that see no key at all output 0, lse -inf. A page id outside the cache (never
     # followed) turns the tile into NaN: the host checks ids outside CUDA graph capture.
@@ -298,7 +300,9 @@ class Masks:
     """Which keys each query sees, beyond the sequence bounds (all optional):
     causal and window_left/right as in masks.py (-1: unbounded), score_mod / mask_mod hooks
     with their mod_args tuple (docs/design.md, "Mods"), and a block mask
-    (flex.block_mask.BlockMaskTensors: partial and full block lists and their block sizes)."""
+    (flex.block_mask.BlockMaskTensors: partial and full block lists and their block sizes).
+    score_linear: score_mod has flex/linear.py's form (the kernel adds it as a term per key
+    column and one per row; the built-in ALiBi under causal is added so too)."""
     causal: bool = False
     window_left: int = -1
     window_right: int = -1
@@ -306,6 +310,7 @@ class Masks:
     mask_mod: object = None
     mod_args: tuple = ()
     block_mask: object = None
+    score_linear: bool = False
 
 
 NO_MASKS = Masks()
@@ -413,6 +418,9 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         BLOCK_MASK_KV=block_mask.kv_block_size if block_mask else 0,
         HAS_FULL_BLOCKS=block_mask is not None and block_mask.full_kv_num_blocks is not None,
         P_OFFSET=FP8_P_OFFSET if is_fp8 else 0.0,
+        # The built-in ALiBi, -slope |p - kv|, is linear in q - kv on the keys causal rows see.
+        SCORE_LINEAR=masks.score_mod is not None and (
+            masks.score_linear or masks.causal and masks.score_mod is mods.alibi),
     )
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,
