@@ -48,13 +48,13 @@ class KernelLaunch:
                                                     num_stages=self.num_stages)
             return
         grid = (*self.grid, 1, 1)
-        compiled.run(grid[0], grid[1], grid[2], torch.cuda.current_stream().cuda_stream,
+        compiled.run(grid[0], grid[1], grid[2], current_stream_handle(),
                      compiled.function, compiled.packed_metadata, None, None, None, *ordered)
 
     def _specialization_key(self, ordered: list) -> tuple:
         """Everything Triton's JIT specializes a compiled kernel on (see kernels/compile.py):
         constexprs by value; runtime arguments by _value_key. Runs on every launch."""
-        key = [self.kernel, self.num_warps, self.num_stages, torch.cuda.current_device()]
+        key = [self.kernel, self.num_warps, self.num_stages, torch._C._cuda_getDevice()]
         constexprs = self.constexprs
         for name, value in zip(self.kernel.arg_names, ordered):
             key.append(value if name in constexprs else _value_key(value))
@@ -126,9 +126,15 @@ class BoundLaunch:
         for name, value in values.items():
             args[self.index[name]] = value
         compiled = self.compiled
-        compiled.run(self.grid[0], self.grid[1], self.grid[2],
-                     torch.cuda.current_stream().cuda_stream, compiled.function,
-                     compiled.packed_metadata, None, None, None, *args)
+        compiled.run(self.grid[0], self.grid[1], self.grid[2], current_stream_handle(),
+                     compiled.function, compiled.packed_metadata, None, None, None, *args)
+
+
+def current_stream_handle() -> int:
+    """The current CUDA stream of the current device as a raw handle (what Triton's launcher
+    takes; the capturing stream under CUDA graph capture). torch.cuda.current_stream() builds
+    a Stream object first: ~8 us against ~0.3 us a launch on the H100 host."""
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
 
 
 # Compiled kernels by specialization key, for KernelLaunch.run's fast path.

@@ -283,13 +283,18 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
         dict(head_dims, BLOCK_M=rows_per_program, IS_VARLEN=is_varlen, ZERO_DQ_ACCUM=atomic_dq,
              HAS_DLSE=dlse is not None),
         num_warps=4, num_stages=1)
-    common = dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=dout, lse_ptr=lse, delta_ptr=delta,
-                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                  **_strides("stride_q", q, is_varlen), **_strides("stride_k", k, is_varlen),
-                  **_strides("stride_v", v, is_varlen), **_strides("stride_do", dout, is_varlen),
-                  **lse_strides, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                  gqa_group_size=num_q_heads // num_kv_heads, softmax_scale=float(softmax_scale),
-                  window_left=window_left, window_right=window_right, mod_args=tuple(mod_args))
+
+    def common():
+        """The portable dK/dV and dQ kernels' shared arguments (made only where one runs: the
+        host time of a short backward is its launch setup)."""
+        return dict(q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=dout, lse_ptr=lse, delta_ptr=delta,
+                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    **_strides("stride_q", q, is_varlen), **_strides("stride_k", k, is_varlen),
+                    **_strides("stride_v", v, is_varlen),
+                    **_strides("stride_do", dout, is_varlen), **lse_strides, seqlen_q=seqlen_q,
+                    seqlen_k=seqlen_k, gqa_group_size=num_q_heads // num_kv_heads,
+                    softmax_scale=float(softmax_scale), window_left=window_left,
+                    window_right=window_right, mod_args=tuple(mod_args))
     masks = dict(BOUNDED_LEFT=window_left >= 0, BOUNDED_RIGHT=window_right >= 0,
                  SCORE_MOD=score_mod, SCORE_MOD_GRAD=score_mod_grad, MASK_MOD=mask_mod)
     assert kernel in ("portable", "sm90"), kernel
@@ -305,7 +310,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
     else:
         dkdv = KernelLaunch(
             attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
-            dict(common, dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
+            dict(common(), dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
                  **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen),
                  block_lists=() if block_mask is None else _block_list_args(block_mask, "q")),
             dict(head_dims, BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n,
@@ -327,7 +332,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
     else:
         finish_dq = KernelLaunch(
             attention_bwd_dq_kernel, (triton.cdiv(seqlen_q, dq_tiles.block_m), num_q_heads, batch),
-            dict(common, dq_ptr=dq, **_strides("stride_dq", dq, is_varlen),
+            dict(common(), dq_ptr=dq, **_strides("stride_dq", dq, is_varlen),
                  block_lists=() if block_mask is None else _block_list_args(block_mask, "kv")),
             dict(head_dims, BLOCK_M=dq_tiles.block_m, BLOCK_N=dq_tiles.block_n,
                  IS_VARLEN=is_varlen, **masks, **block_sizes),
