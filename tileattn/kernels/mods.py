@@ -54,6 +54,13 @@ def softcap_alibi(score, batch, head, q_idx, kv_idx, q_shift, mod_args):
     return cap * _tanh(score / cap) - _alibi_bias(batch, head, q_idx, kv_idx, q_shift, mod_args)
 
 
+def is_linear(score_mod, causal: bool, proven: bool) -> bool:
+    """Whether the kernels may add score_mod as a term per row and one per key column: it is
+    score + c (q_idx - kv_idx) + d on every key a row sees. proven: flex/linear.py's proof for
+    a translated hook; the built-in ALiBi, -slope |p - kv|, is so under causal (p >= kv)."""
+    return score_mod is not None and (proven or causal and score_mod is alibi)
+
+
 def builtin(softcap_value: float, alibi_slopes):
     """(score_mod, score_mod_grad, mod_args) for attention()'s softcap and alibi_slopes
     arguments (softcap 0.0 and slopes None: no hook)."""

@@ -418,9 +418,7 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         BLOCK_MASK_KV=block_mask.kv_block_size if block_mask else 0,
         HAS_FULL_BLOCKS=block_mask is not None and block_mask.full_kv_num_blocks is not None,
         P_OFFSET=FP8_P_OFFSET if is_fp8 else 0.0,
-        # The built-in ALiBi, -slope |p - kv|, is linear in q - kv on the keys causal rows see.
-        SCORE_LINEAR=masks.score_mod is not None and (
-            masks.score_linear or masks.causal and masks.score_mod is mods.alibi),
+        SCORE_LINEAR=mods.is_linear(masks.score_mod, masks.causal, masks.score_linear),
     )
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,

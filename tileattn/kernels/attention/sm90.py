@@ -316,9 +316,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         CAUSAL=causal, RETURN_LSE=lse is not None, SPLIT=config.split, SOFTCAP=softcap > 0,
         HAS_LEFT=window_left >= 0,
         KV_BLOCK=block_plan.kv_block_size if block_plan is not None else 0,
-        # The built-in ALiBi, -slope |p - kv|, is linear in q - kv on the keys causal rows see.
-        SCORE_LINEAR=score_mod is not None and (score_linear
-                                                or causal and score_mod is mods.alibi),
+        SCORE_LINEAR=mods.is_linear(score_mod, causal, score_linear),
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None,
     )
