@@ -34,7 +34,7 @@ def test_matches_torch_flex_attention(name):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn, torch.float8_e5m2],
                          ids=str)
-@pytest.mark.parametrize("name", ["document_alibi", "block_lists_only"])
+@pytest.mark.parametrize("name", ["document_alibi", "block_lists_only", "causal_linear_alibi"])
 def test_other_dtypes_match_torch(name, dtype):
     check_against_torch(flex_attention, case(name, dtype=dtype), TOLERANCES, LSE_TOLERANCES)
 
