@@ -146,6 +146,26 @@ def test_repeat_calls_replay_the_checked_launch(dtype):
         assert len(attention_op._CALLS._entries) == 3
 
 
+def test_training_forwards_replay_the_call_cache():
+    """attention() on tensors that require grad (eager autograd) goes through the call cache
+    too, and the replayed call's outputs and gradients equal the checked call's."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = (torch.randn(2, 333, 8, 128, device="cuda", generator=gen).bfloat16()
+               .requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 333, 8, 128, device="cuda", generator=gen).bfloat16()
+
+    def step():
+        out = tileattn.attention(q, k, v, causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    attention_op._CALLS.clear()
+    checked = step()
+    replayed = step()
+    assert len(attention_op._CALLS._entries) == 1, "the training forward did not replay"
+    for a, b in zip(checked, replayed):
+        assert torch.equal(a, b)
+
+
 def test_cuda_graph_capture_and_replay():
     q, k, v = (torch.randn(2, 500, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     tileattn.attention(q, k, v, causal=True)

@@ -133,7 +133,10 @@ def _eager_function(name: str, implementation, setup_context, backward) -> type:
     """An autograd.Function running an op's implementation with the op's registered
     setup_context and backward (the latter calling backward_impl, not the backward op)."""
     def forward(ctx, *inputs):
-        output = implementation(*inputs)
+        # Detached, the tensors pass the forward's call cache (ops/attention.py), which takes
+        # no tensor that requires grad; setup_context saves the inputs themselves.
+        output = implementation(*(x.detach() if isinstance(x, torch.Tensor) else x
+                                  for x in inputs))
         setup_context(ctx, inputs, output)
         # An unused lse's gradient stays None (no zeros made and read); out's is made if None.
         ctx.set_materialize_grads(False)
