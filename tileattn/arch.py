@@ -7,6 +7,7 @@ whether an FP8 ``P @ V`` product needs V stored K-major.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -65,9 +66,16 @@ def arch_for_capability(capability: tuple[int, int], *, rocm: bool = False) -> A
 def arch_of(device: torch.device) -> Arch:
     if device.type != "cuda":
         return CPU
+    return _cuda_arch(torch._C._cuda_getDevice() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> Arch:
+    # Once per GPU: reading the capability cost ~11 us of every backward call's host time
+    # (H100 host; docs/design.md, "Host overhead and the call cache").
     if torch.version.hip is not None:
         return ROCM
-    return arch_for_capability(torch.cuda.get_device_capability(device))
+    return arch_for_capability(torch.cuda.get_device_capability(index))
 
 
 def v_needs_k_major(arch: Arch, dtype: torch.dtype) -> bool:
