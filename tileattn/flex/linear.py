@@ -22,7 +22,8 @@ from fractions import Fraction
 import torch
 import torch.fx
 
-_ARGUMENTS = ("score", "batch", "head", "q_idx", "kv_idx")
+from .emit import HOOK_PARAMETERS
+
 _VARYING = {"score", "q_idx", "kv_idx"}
 _PASS_THROUGH = {"_to_copy", "clone", "alias", "detach", "to", "_conj"}
 _EXACT_DTYPES = {torch.float32, torch.int32, torch.int64}
@@ -40,7 +41,7 @@ def distance_linear(graph_module: torch.fx.GraphModule) -> bool:
     forms: dict[torch.fx.Node, dict | None] = {}
     varying: dict[torch.fx.Node, bool] = {}
     keys: dict[torch.fx.Node, object] = {}
-    placeholders = iter(_ARGUMENTS)
+    placeholders = iter(HOOK_PARAMETERS["score_mod"])   # the traced function's arguments
     result = None
     for node in graph_module.graph.nodes:
         if node.op == "placeholder":
