@@ -84,28 +84,35 @@ def flex_fp8_case(cap, block_q, block_kv):
 flex_fp8 = [dict(cap=list(cap), block_q=bq, block_kv=bk, **flex_fp8_case(cap, bq, bk))
             for cap in ((8, 9), (9, 0)) for bq, bk in ((16, 16), (32, 16), (64, 32))]
 
-def packed_case(cap, dtype, *, paged, causal=False, masks=None):
+def packed_case(cap, dtype, *, paged, causal=False, masks=None, row_major_v=False):
     """Packed queries (two sequences of 100 and 200) over packed or paged K/V (pages of 16
     keys): the portable kernel's varlen and paged key loops, as attention_varlen() builds
-    them (packed FP8 V stays row-major: docs/design.md, "Serving masks and varlen/paged
-    prefill")."""
+    them (packed FP8 V K-major at aligned starts where the chip needs K-major V: docs/
+    design.md, "Serving masks and varlen/paged prefill"; row_major_v: as it was before)."""
     from tileattn.kernels.attention.fwd import Sequences
+    from tileattn.kernels.attention.layout import packed_v_width
     arch = arch_for_capability(cap)
     q = torch.empty(300, 4, 128, dtype=dtype)
     k = torch.empty((40, 16, 2, 128) if paged else (300, 2, 128), dtype=dtype)
     v = torch.empty_like(k)
+    aligned = not paged and not row_major_v and dtype.itemsize == 1 and arch.fp8_v_needs_k_major
+    if aligned:
+        v = torch.empty(2, 128, packed_v_width(300, 2), dtype=dtype).permute(2, 0, 1)
     out = torch.empty(300, 4, 128, dtype=torch.bfloat16)
     cu_seqlens = torch.tensor([0, 100, 300], dtype=torch.int32)
     sequences = Sequences(cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=200,
                           max_seqlen_k=200,
-                          block_table=torch.zeros(2, 20, dtype=torch.int32) if paged else None)
+                          block_table=torch.zeros(2, 20, dtype=torch.int32) if paged else None,
+                          v_aligned_starts=aligned)
     descale = torch.ones(()) if dtype.itemsize == 1 else None
     launch = attention_launch(q, k, v, out, torch.empty(4, 300), descale, descale, descale, 0.1,
                               causal, arch, masks=masks, sequences=sequences)
     c = cross_compile(launch, cap[0] * 10 + cap[1])
     return {"cap": list(cap), "dtype": str(dtype), "shared": c.shared_bytes,
-            "limit": arch.shared_memory_bytes,
-            "mma": len(re.findall(r"wgmma\.mma_async|mma\.sync", c.ptx))}
+            "limit": arch.shared_memory_bytes, "aligned_v": aligned,
+            "mma": len(re.findall(r"wgmma\.mma_async|mma\.sync", c.ptx)),
+            "cp_async": len(re.findall(r"cp\.async\.c[ag]", c.ptx)),
+            "st_shared": len(re.findall(r"st\.shared", c.ptx))}
 
 from tileattn.ops.attention import masks_for
 PACKED_CHIPS = (((8, 0), torch.bfloat16), ((8, 9), torch.float8_e4m3fn),
@@ -115,8 +122,11 @@ packed = [packed_case(cap, dtype, paged=True, causal=True) for cap, dtype in PAC
 packed += [packed_case(cap, dtype, paged=False, masks=masks_for(False, (64, 32), 30.0,
                                                                 torch.ones(4)))
            for cap, dtype in PACKED_CHIPS]
+packed_row_major = packed_case((9, 0), torch.float8_e4m3fn, paged=False, causal=True,
+                               row_major_v=True)
+packed_aligned = packed_case((9, 0), torch.float8_e4m3fn, paged=False, causal=True)
 print(json.dumps({"rows": rows, "fp8_layouts": fp8_layouts, "flex_fp8": flex_fp8,
-                  "packed": packed}))
+                  "packed": packed, "packed_fp8_v": [packed_row_major, packed_aligned]}))
 '''
 
 
@@ -181,3 +191,14 @@ def test_packed_and_paged_prefill_compile_for_every_chip(compiled):
     assert len(compiled["packed"]) == 8
     for row in compiled["packed"]:
         assert row["shared"] <= row["limit"] and row["mma"] > 0, row
+
+
+def test_packed_fp8_v_at_aligned_starts_is_loaded_asynchronously(compiled):
+    """Packed FP8 V copied K-major with each sequence at an aligned row (what attention_varlen
+    does on sm89/sm90): its tiles ride cp.async as dense K-major V's do; row-major, the compiler
+    transposes them through registers and shared memory."""
+    row_major, aligned = compiled["packed_fp8_v"]
+    assert aligned["aligned_v"] and not row_major["aligned_v"]
+    assert aligned["cp_async"] > row_major["cp_async"]
+    assert aligned["st_shared"] * 4 < row_major["st_shared"]
+    assert aligned["shared"] <= aligned["limit"]

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 import tileattn
+from tileattn.fp8 import packed_k_major_copy
+from tileattn.kernels.attention.layout import V_ALIGN, packed_v_width
+from tileattn.ops import attention as ops_attention
 from tileattn.reference import attention_reference, attention_varlen_reference
 
 from .conftest import LSE_TOLERANCES, TOLERANCES
@@ -246,3 +249,44 @@ def test_bf16_queries_over_an_fp8_paged_cache_decode():
     with pytest.raises(ValueError, match="runs the decode kernel only"):
         tileattn.attention_varlen(long_q, k_cache, v_cache, cu_long, cu_k, 20, 64,
                                   block_table=table, k_descale=kd, v_descale=vd)
+
+
+def test_packed_k_major_v_copy_starts_sequences_aligned():
+    lengths = [5, 0, 40, 1, 3, 17]
+    v, cu = _packed(lengths, 2, 24, torch.float16, 7)
+    copy = packed_k_major_copy(v, cu, max(lengths))
+    width = packed_v_width(v.shape[0], len(lengths))
+    assert copy.shape == (width, 2, 24) and copy.stride() == (1, 24 * width, width)
+    previous_end = 0
+    for b, n in enumerate(lengths):
+        start = (int(cu[b]) + V_ALIGN.value * b + V_ALIGN.value - 1) // V_ALIGN.value * V_ALIGN.value
+        assert start % V_ALIGN.value == 0 and start >= previous_end and start + n <= width
+        assert torch.equal(copy[start:start + n], v[int(cu[b]):int(cu[b]) + n])
+        previous_end = start + n
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "window-softcap-alibi"])
+def test_packed_fp8_runs_on_a_k_major_v_with_aligned_starts(mask, monkeypatch):
+    """What sm89/sm90 run for packed FP8 (there V must be K-major): forced here, where the CPU
+    would keep V row-major, so the interpreter runs the aligned-start loads."""
+    copies = []
+    real_copy = ops_attention.fp8.packed_k_major_copy
+    monkeypatch.setattr(ops_attention, "v_needs_k_major",
+                        lambda arch, dtype: dtype in (E4M3, torch.float8_e5m2))
+    monkeypatch.setattr(ops_attention.fp8, "packed_k_major_copy",
+                        lambda *args: copies.append(1) or real_copy(*args))
+    lengths_q, lengths_k = VARLEN
+    q, cu_q = _packed(lengths_q, 4, 64, E4M3, 1)
+    k, cu_k = _packed(lengths_k, 2, 64, E4M3, 2)
+    v, _ = _packed(lengths_k, 2, 128, E4M3, 3)
+    (q, qd), (k, kd), (v, vd) = (_quantize(x, E4M3) for x in (q, k, v))
+    kwargs = {"none": {}, "causal": dict(causal=True),
+              "window-softcap-alibi": dict(causal=True, window_size=(8, -1), softcap=5.0,
+                                           alibi_slopes=SLOPES)}[mask]
+    out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                         q_descale=qd, k_descale=kd, v_descale=vd,
+                                         return_lse=True, **kwargs)
+    assert copies
+    ref, ref_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, q_descale=qd, k_descale=kd,
+                                              v_descale=vd, **kwargs)
+    assert_matches(out, lse, ref, ref_lse, E4M3)

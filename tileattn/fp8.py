@@ -10,7 +10,8 @@ import torch
 
 from .arch import FP8_DTYPES, arch_of, v_needs_k_major
 from .kernels import quantize
-from .kernels.attention.layout import is_k_major, transpose_v_launch
+from .kernels.attention.layout import (is_k_major, packed_v_width, transpose_packed_v_launch,
+                                       transpose_v_launch)
 from .kernels.runtime import interpreter_active, on_device
 
 
@@ -65,6 +66,19 @@ def k_major_copy(v: torch.Tensor) -> torch.Tensor:
     with on_device(v.device):
         transpose_v_launch(v, out).run()
     return out.permute(0, 3, 1, 2)
+
+
+def packed_k_major_copy(v: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                        max_seqlen_k: int) -> torch.Tensor:
+    """Packed V [total_k, H, D] (last dim contiguous) copied K-major with aligned sequence
+    starts (kernels/attention/layout.py): a [width, H, D] view whose rows are keys, sequence
+    b's first at row packed_v_start(b), of a contiguous [H, D, width] buffer."""
+    total_k, heads, head_dim = v.shape
+    width = packed_v_width(total_k, cu_seqlens_k.shape[0] - 1)
+    out = torch.empty((heads, head_dim, width), dtype=v.dtype, device=v.device)
+    with on_device(v.device):
+        transpose_packed_v_launch(v, out, cu_seqlens_k, max_seqlen_k).run()
+    return out.permute(2, 0, 1)
 
 
 def _k_major_buffer(v: torch.Tensor) -> torch.Tensor:

@@ -193,15 +193,18 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if q.shape[0] == 0 or batch == 0 or max_q == 0:
         return (out, lse) if return_lse else out
     arch = arch_of(device)
-    # Packed FP8 V stays row-major: a K-major copy would start each sequence at an arbitrary
-    # key offset, which no vectorized load can assume aligned (H100: 2.35x slower; docs/
-    # design.md, "Serving masks and varlen/paged prefill").
     if is_fp8:
         q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
                                            for d in (q_descale, k_descale, v_descale))
+    # Packed FP8 V goes K-major with each sequence at an aligned row (fp8.packed_k_major_copy):
+    # at its own first key's offset no vectorized load could assume alignment (docs/design.md,
+    # "Serving masks and varlen/paged prefill"). Paged caches keep their layout.
+    aligned_v = block_table is None and v_needs_k_major(arch, v.dtype)
+    if aligned_v:
+        v = fp8.packed_k_major_copy(v, cu_seqlens_k, max(max_k, 1))
     sequences = fwd.Sequences(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_q=max_q, max_seqlen_k=max(max_k, 1),
-                              block_table=block_table)
+                              block_table=block_table, v_aligned_starts=aligned_v)
     # The Hopper kernel: no paging yet, right window bound causal's or none.
     hopper = (block_table is None and (causal or window[1] == -1)
               and dispatch.varlen_kernel(arch, q, k, v, max_k, causal,

@@ -19,7 +19,8 @@ Layouts (element strides; every tensor may come from a larger fused buffer):
             num_q_heads, head_dim_v], lse float32 [batch, num_q_heads, seqlen_q]
     varlen (IS_VARLEN): q [total_q, num_q_heads, head_dim] and out likewise, k/v [total_k,
             num_kv_heads, head_dim(_v)], lse float32 [num_q_heads, total_q]; sequence b is
-            rows cu_seqlens_q[b]..cu_seqlens_q[b+1] (int32 [batch + 1]) of q, likewise k/v
+            rows cu_seqlens_q[b]..cu_seqlens_q[b+1] (int32 [batch + 1]) of q, likewise k/v;
+            with V_ALIGNED, v is fp8.packed_k_major_copy's (rows from packed_v_start(b))
     paged (PAGE_SIZE > 0): k/v [num_pages, PAGE_SIZE, num_kv_heads, head_dim(_v)] with
             block_table int32 [batch, max_pages] (row stride stride_block_table_b)
     q, k, out: last dim contiguous; v: last dim contiguous, or (dense) seqlen dim contiguous
@@ -45,6 +46,7 @@ from ..runtime import KernelLaunch
 from .configs import (DESCALE_BLOCK_ROWS, SAME_CONFIGS_AS, TileConfig, block_descale_stride,
                       descale_args, padded_head_dim)
 from .fwd_loops import attend_block_list, attend_key_blocks
+from .layout import V_ALIGN, packed_v_start
 from .masks import key_blocks, load_tile
 
 LOG2_E = 1.4426950408889634
@@ -127,6 +129,7 @@ def attention_fwd_kernel(
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
     BLOCK_MASK_Q: tl.constexpr, BLOCK_MASK_KV: tl.constexpr, HAS_FULL_BLOCKS: tl.constexpr,
     P_OFFSET: tl.constexpr, SCORE_LINEAR: tl.constexpr = False,
+    V_ALIGNED: tl.constexpr = False,
 ):
     # Program order = launch order. Under a causal mask the last query tiles see the most keys,
     # so tiles go longest first (the short ones fill the tail) within groups of
@@ -147,6 +150,7 @@ def attention_fwd_kernel(
 
     q_start = 0
     k_start = 0
+    v_start = 0
     if IS_VARLEN:
         # Clamped to the tensors (total_q rows; total_k rows, or the block table's reach when
         # paged), so that inconsistent cu_seqlens never move a load or store outside them.
@@ -161,6 +165,9 @@ def attention_fwd_kernel(
             k_first = tl.minimum(k_first, total_k)
             seqlen_k = tl.maximum(tl.minimum(k_end, total_k) - k_first, 0)
             k_start = k_first.to(tl.int64)
+            v_start = k_start
+            if V_ALIGNED:
+                v_start = tl.multiple_of(packed_v_start(k_first, batch), V_ALIGN).to(tl.int64)
         if start_m * BLOCK_M >= seqlen_q:
             return
 
@@ -179,7 +186,7 @@ def attention_fwd_kernel(
         block_table_row = block_table_ptr + batch.to(tl.int64) * stride_block_table_b
     else:
         k_base += batch.to(tl.int64) * stride_kb + k_start * stride_ks
-        v_base += batch.to(tl.int64) * stride_vb + k_start * stride_vs
+        v_base += batch.to(tl.int64) * stride_vb + v_start * stride_vs
     q = load_tile(q_ptrs, row_ok, offs_d < HEAD_DIM, True, HEAD_DIM != HEAD_DIM_PAD)
 
     qk_scale = softmax_scale_log2
@@ -326,6 +333,8 @@ class Sequences:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     block_table: torch.Tensor | None = None
+    # V is fp8.packed_k_major_copy's: sequence b's keys start at layout.packed_v_start(b).
+    v_aligned_starts: bool = False
 
 
 DENSE = Sequences()
@@ -419,6 +428,7 @@ def attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
         HAS_FULL_BLOCKS=block_mask is not None and block_mask.full_kv_num_blocks is not None,
         P_OFFSET=FP8_P_OFFSET if is_fp8 else 0.0,
         SCORE_LINEAR=mods.is_linear(masks.score_mod, masks.causal, masks.score_linear),
+        V_ALIGNED=sequences.v_aligned_starts,
     )
     grid = (-(-seqlen_q // config.block_m) * batch * num_q_heads,)
     return KernelLaunch(attention_fwd_kernel, grid, args, constexprs,

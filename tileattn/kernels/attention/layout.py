@@ -8,6 +8,11 @@ memory by the compiler.
 Pointer layouts:
     v    [batch, seqlen, heads, head_dim]  last dim contiguous (any other strides)
     out  [batch, heads, head_dim, seqlen] contiguous
+
+Packed (varlen) V, [total_k, heads, head_dim], is copied to [heads, head_dim, packed_v_width]
+contiguous with sequence b's keys starting at column packed_v_start(b): a multiple of
+V_ALIGN keys, so that the attention kernel's loads of a V tile along the keys stay vectorized
+(a sequence's own first key can sit at any offset).
 """
 
 from __future__ import annotations
@@ -54,6 +59,69 @@ def transpose_v_launch(v: torch.Tensor, out: torch.Tensor) -> KernelLaunch:
                       BLOCK_S=BLOCK_S)
     grid = (-(-seqlen // BLOCK_S), batch * num_heads)
     return KernelLaunch(transpose_v_kernel, grid, args, constexprs, num_warps=4, num_stages=1)
+
+
+# Keys a packed K-major V's sequences start at multiples of (16 bytes of FP8).
+V_ALIGN = tl.constexpr(16)
+
+
+@triton.jit
+def packed_v_start(k_first, batch):
+    """Column of sequence `batch`'s first key in a packed K-major V copy, for its first key row
+    k_first (clamped to total_k): moved on by V_ALIGN a sequence before it and rounded up to
+    V_ALIGN, so it is aligned, after the previous sequence's last key (for non-decreasing
+    cu_seqlens_k) and below packed_v_width(total_k, batch count) whatever cu_seqlens_k holds."""
+    return (k_first + V_ALIGN * batch + V_ALIGN - 1) // V_ALIGN * V_ALIGN
+
+
+def packed_v_width(total_k: int, batch: int) -> int:
+    """Columns of a packed K-major V copy: every packed_v_start(b) + its keys fit below."""
+    align = V_ALIGN.value
+    return -(-(total_k + align * (batch + 1)) // align) * align
+
+
+@triton.jit
+def transpose_packed_v_kernel(
+    v_ptr, out_ptr, cu_seqlens_k_ptr, stride_vs, stride_vh, total_k, width,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    block_s = tl.program_id(0)
+    batch = tl.program_id(1)
+    head = tl.program_id(2)
+    # Clamped as the attention kernel clamps them: no read or write outside either tensor.
+    k_first = tl.minimum(tl.load(cu_seqlens_k_ptr + batch), total_k)
+    seqlen = tl.maximum(tl.minimum(tl.load(cu_seqlens_k_ptr + batch + 1), total_k) - k_first, 0)
+    if block_s * BLOCK_S >= seqlen:
+        return
+    offs_s = block_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    mask = (offs_s[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM)
+    src = (v_ptr + head.to(tl.int64) * stride_vh
+           + (k_first + offs_s)[:, None].to(tl.int64) * stride_vs + offs_d[None, :])
+    tile = tl.load(src, mask=mask, other=0.0)
+    start = packed_v_start(k_first, batch)
+    dst = (out_ptr + head.to(tl.int64) * HEAD_DIM * width + offs_d[None, :].to(tl.int64) * width
+           + (start + offs_s)[:, None])
+    tl.store(dst, tile, mask=mask)
+
+
+def transpose_packed_v_launch(v: torch.Tensor, out: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                              max_seqlen_k: int) -> KernelLaunch:
+    """Launch writing packed v [total_k, H, D] (last dim contiguous) into out [H, D, width]
+    (contiguous, width = packed_v_width), sequence b at column packed_v_start(b)."""
+    total_k, num_heads, head_dim = v.shape
+    batch = cu_seqlens_k.shape[0] - 1
+    width = packed_v_width(total_k, batch)
+    if out.shape != (num_heads, head_dim, width) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{num_heads}, {head_dim}, {width}] tensor, "
+                         f"got {tuple(out.shape)}")
+    args = dict(v_ptr=v, out_ptr=out, cu_seqlens_k_ptr=cu_seqlens_k, stride_vs=v.stride(0),
+                stride_vh=v.stride(1), total_k=total_k, width=width)
+    constexprs = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=1 << (head_dim - 1).bit_length(),
+                      BLOCK_S=BLOCK_S)
+    grid = (max(-(-max_seqlen_k // BLOCK_S), 1), batch, num_heads)
+    return KernelLaunch(transpose_packed_v_kernel, grid, args, constexprs, num_warps=4,
+                        num_stages=1)
 
 
 def is_k_major(v: torch.Tensor) -> bool:
