@@ -14,7 +14,7 @@ import torch
 import tileattn
 from tileattn.arch import FP8_DTYPES
 from tileattn.kernels import runtime
-from tileattn.ops import attention as attention_op
+from tileattn.ops import attention as attention_op, backward_cache
 from tileattn.reference import attention_reference
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
@@ -163,6 +163,46 @@ def test_training_forwards_replay_the_call_cache():
     replayed = step()
     assert len(attention_op._CALLS._entries) == 1, "the training forward did not replay"
     for a, b in zip(checked, replayed):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("head_dim,kv_heads,with_lse", [(128, 2, False), (64, 8, True),
+                                                         (256, 4, False), (96, 2, True)])
+def test_backwards_replay_the_backward_call_cache(head_dim, kv_heads, with_lse):
+    """A repeated backward signature replays its bound launches (ops/backward_cache.py) on the
+    new call's tensors: its gradients equal, bit for bit, those of the same inputs through the
+    uncached path (Gluon descriptors re-based, portable launches, dlse)."""
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+
+    def inputs():
+        q = torch.randn(2, 333, 8, head_dim, device="cuda", generator=gen).bfloat16()
+        k, v = (torch.randn(2, 301, kv_heads, head_dim, device="cuda", generator=gen).bfloat16()
+                for _ in range(2))
+        grads = [torch.randn(2, 333, 8, head_dim, device="cuda", generator=gen).bfloat16(),
+                 torch.randn(2, 8, 333, device="cuda", generator=gen)]
+        return [x.requires_grad_() for x in (q, k, v)], grads
+
+    def step(leaves, grads):
+        out, lse = tileattn.attention(*leaves, causal=True, return_lse=True)
+        outputs, grads = ((out, lse), grads) if with_lse else ((out,), grads[:1])
+        return torch.autograd.grad(outputs, leaves, grads)
+
+    first, second = inputs(), inputs()
+    backward_cache.CALLS.clear()
+    step(*first)
+    assert len(backward_cache.CALLS._entries) == 1
+    (key, replay), = backward_cache.CALLS._entries.items()
+    replays = []
+    backward_cache.CALLS._entries[key] = lambda *args: replays.append(1) or replay(*args)
+    replayed = step(*second)
+    assert replays, "the second backward did not replay"
+    backward_cache.CALLS.clear()
+    backward_cache.CALLS.put = lambda *args: None          # the reference: uncached
+    try:
+        checked = step(*second)
+    finally:
+        del backward_cache.CALLS.put
+    for a, b in zip(replayed, checked):
         assert torch.equal(a, b)
 
 

@@ -98,15 +98,21 @@ def _value_key(value):
     return kind
 
 
+def is_tma_descriptor(value) -> bool:
+    """A Gluon host TMA descriptor (it holds its tensor, as `base`)."""
+    return hasattr(value, "block_shape") and hasattr(value, "layout") and hasattr(value, "base")
+
+
 def _holds_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor) or is_tma_descriptor(value):
         return True
     return type(value) is tuple and any(_holds_tensor(item) for item in value)
 
 
 class BoundLaunch:
-    """A compiled launch whose tensor arguments are given per call (see KernelLaunch.bind).
-    It keeps no tensor of the call it was made from; every tensor slot must be filled."""
+    """A compiled launch whose tensor arguments (and TMA descriptors, which hold tensors) are
+    given per call (see KernelLaunch.bind). It keeps no tensor of the call it was made from;
+    every tensor slot must be filled."""
 
     def __init__(self, compiled, grid: tuple[int, int, int], ordered: list, names: list[str]):
         self.compiled = compiled

@@ -1,0 +1,68 @@
+"""The backward's call cache (tileattn/ops/backward_cache.py), on the CPU: every tensor
+argument of every backward launch maps to a role of the call by its name (a replay on the GPU
+fills it from the new call's tensors; tests/gpu checks replays bit for bit), and signatures
+take exactly the calls a replay can serve."""
+
+import pytest
+import torch
+
+from tileattn.arch import arch_for_capability
+from tileattn.kernels import runtime
+from tileattn.kernels.attention import bwd
+from tileattn.ops import backward_cache
+
+
+def _call(head_dim=128, kv_heads=2, dlse=False):
+    q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(2, 280, kv_heads, head_dim, dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    out, dout = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(2, 4, 300)
+    delta, dq_accum = bwd.backward_workspace(q, lse, True)
+    return dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=torch.empty_like(lse) if dlse else None,
+                dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
+                delta=delta, dq_accum=dq_accum)
+
+
+@pytest.mark.parametrize("kernel,capability", [("sm90", (9, 0)), ("portable", (9, 0)),
+                                               ("portable", (8, 0))])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_tensor_argument_has_its_role(kernel, capability, head_dim, causal):
+    call = _call(head_dim, dlse=causal)
+    launches = bwd.backward_launches(
+        call["q"], call["k"], call["v"], call["out"], call["lse"], call["dout"], call["dq"],
+        call["dk"], call["dv"], call["delta"], call["dq_accum"], causal=causal, dlse=call["dlse"],
+        softmax_scale=0.1, window_left=-1, window_right=-1,
+        arch=arch_for_capability(capability), kernel=kernel)
+    assert len(launches) == 3
+    descriptors = 0
+    for launch in launches:
+        names = {name for name, value in launch.args.items() if runtime._holds_tensor(value)}
+        plan = backward_cache._argument_plan(launch, names, call)
+        assert plan is not None and set(plan) == names, launch.kernel
+        descriptors += sum(entry[0] == "descriptor" for entry in plan.values())
+    assert descriptors == (8 if kernel == "sm90" and head_dim == 128 else
+                           4 if kernel == "sm90" and head_dim == 256 else 0)
+
+
+def test_a_wrong_tensor_is_refused():
+    call = _call()
+    launches = bwd.backward_launches(
+        call["q"], call["k"], call["v"], call["out"], call["lse"], call["dout"], call["dq"],
+        call["dk"], call["dv"], call["delta"], None, causal=True, softmax_scale=0.1,
+        window_left=-1, window_right=-1, arch=arch_for_capability((9, 0)), kernel="sm90")
+    swapped = dict(call, k=call["v"], v=call["k"])     # k's tensor where v's was
+    names = {name for name, value in launches[1].args.items() if runtime._holds_tensor(value)}
+    assert backward_cache._argument_plan(launches[1], names, swapped) is None
+
+
+def test_signatures_take_plain_dense_calls_only():
+    x = torch.empty(1, 8, 2, 64, device="meta")
+    options = dict(causal=True, softmax_scale=0.125, window_left=-1, window_right=0,
+                   softcap=0.0, alibi_slopes=None, deterministic=True, settings=None)
+    cpu = torch.empty(1, 8, 2, 64)
+    assert backward_cache.signature(cpu, None, cpu, cpu, cpu, cpu, cpu, **options) is None
+    assert backward_cache.signature(x, None, x, x, x, x, x, **options) is None    # not CUDA
+    for hooks in (dict(softcap=30.0), dict(alibi_slopes=torch.ones(2))):
+        assert backward_cache.signature(x, None, x, x, x, x, x, **{**options, **hooks}) is None

@@ -1,0 +1,120 @@
+"""The backward's call cache: a dense backward whose signature was seen replays its bound
+launches (ops/call_cache.py's idea for the forward), skipping the launch setup and Triton's
+binder. At short contexts the backward's host time exceeded its kernels' run time (docs/
+design.md, "Host overhead and the call cache").
+
+A replay maps each tensor argument of the recorded launches to the same role in the new call
+by the argument's name (_ROLES: the names kernels/attention/bwd.py and sm90_bwd.py give
+them), after checking, when it records, that every tensor argument is the tensor its name
+says. Gluon TMA descriptors are copied with their base swapped for the new tensor's view (the
+signature fixes their shape, strides and alignment, so nothing else of them changes).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..kernels.attention import bwd
+from ..kernels.runtime import KernelLaunch, is_tma_descriptor
+from .call_cache import CallCache
+
+# Kernel argument name -> the backward call's tensor it holds (descriptors: a [B, H, S, D]
+# view of it, as sm90_bwd._common_args makes them).
+_ROLES = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "out_ptr": "out", "do_ptr": "dout",
+          "dlse_ptr": "dlse", "lse_ptr": "lse", "delta_ptr": "delta",
+          "dq_accum_ptr": "dq_accum", "dq_ptr": "dq", "dk_ptr": "dk", "dv_ptr": "dv",
+          "q_desc": "q", "k_desc": "k", "v_desc": "v", "do_desc": "dout"}
+
+CALLS = CallCache()
+
+
+def _key(x):
+    """A tensor's part of a signature (tensor_key's, requires_grad allowed: the backward
+    reads its saved inputs, which do); None for what the cache does not take."""
+    if x is None:
+        return ()
+    if type(x) is torch.Tensor and x.is_cuda:
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
+    return None
+
+
+def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: float,
+              window_left: int, window_right: int, softcap: float, alibi_slopes,
+              deterministic: bool, settings) -> tuple | None:
+    """The cache key of a dense backward call, or None for one it does not take: score hooks
+    (softcap, ALiBi: their tensors travel in tuples) or anything but plain CUDA tensors."""
+    if softcap or alibi_slopes is not None:
+        return None
+    parts = [causal, float(softmax_scale), window_left, window_right, deterministic, settings]
+    for x in (dout, dlse, q, k, v, out, lse):
+        key = _key(x)
+        if key is None:
+            return None
+        parts.append(key)
+    return tuple(parts)
+
+
+def _view(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(0, 2, 1, 3)
+
+
+def _argument_plan(launch: KernelLaunch, tensor_names, call: dict) -> dict | None:
+    """name -> how a replay fills it: ("tensor", role), ("descriptor", role, recorded one) or
+    ("fixed", value) for tensor-free tuples; None where an argument is not what _ROLES says."""
+    plan = {}
+    for name in tensor_names:
+        value = launch.args.get(name)
+        role = _ROLES.get(name)
+        if type(value) is tuple:
+            if any(isinstance(item, torch.Tensor) for item in value):
+                return None
+            plan[name] = ("fixed", value)
+        elif role is None or call.get(role) is None:
+            return None
+        elif is_tma_descriptor(value):
+            view = _view(call[role])
+            if (value.base.data_ptr() != view.data_ptr() or value.base.shape != view.shape
+                    or value.base.stride() != view.stride()):
+                return None
+            plan[name] = ("descriptor", role, value)
+        elif value is call[role]:
+            plan[name] = ("tensor", role)
+        else:
+            return None
+    return plan
+
+
+def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
+    """A replay(dout, dlse, q, k, v, out, lse) -> (dq, dk, dv) of launches that have run for
+    the tensors in `call` (role -> tensor), or None where one cannot be bound or mapped."""
+    steps = []
+    for launch in launches:
+        bound = launch.bind()
+        if bound is None:
+            return None
+        plan = _argument_plan(launch, bound.tensor_names, call)
+        if plan is None:
+            return None
+        steps.append((bound, plan))
+
+    def replay(dout, dlse, q, k, v, out, lse):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta, dq_accum = bwd.backward_workspace(q, lse, deterministic)
+        roles = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk,
+                     dv=dv, delta=delta, dq_accum=dq_accum)
+        for bound, plan in steps:
+            values = {}
+            for name, entry in plan.items():
+                if entry[0] == "tensor":
+                    values[name] = roles[entry[1]]
+                elif entry[0] == "descriptor":
+                    descriptor = copy.copy(entry[2])
+                    descriptor.base = _view(roles[entry[1]])
+                    values[name] = descriptor
+                else:
+                    values[name] = entry[1]
+            bound.run(**values)
+        return dq, dk, dv
+    return replay
