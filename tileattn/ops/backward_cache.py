@@ -12,8 +12,6 @@ signature fixes their shape, strides and alignment, so nothing else of them chan
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from ..kernels.attention import bwd
@@ -104,17 +102,30 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
         delta, dq_accum = bwd.backward_workspace(q, lse, deterministic)
         roles = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk,
                      dv=dv, delta=delta, dq_accum=dq_accum)
+        descriptors = {}    # launches that shared a descriptor share its replacement
         for bound, plan in steps:
             values = {}
             for name, entry in plan.items():
                 if entry[0] == "tensor":
                     values[name] = roles[entry[1]]
                 elif entry[0] == "descriptor":
-                    descriptor = copy.copy(entry[2])
-                    descriptor.base = _view(roles[entry[1]])
+                    recorded = entry[2]
+                    descriptor = descriptors.get(id(recorded))
+                    if descriptor is None:
+                        descriptor = descriptors[id(recorded)] = _rebased(
+                            recorded, _view(roles[entry[1]]))
                     values[name] = descriptor
                 else:
                     values[name] = entry[1]
             bound.run(**values)
         return dq, dk, dv
     return replay
+
+
+def _rebased(descriptor, base: torch.Tensor):
+    """descriptor with base in place of its own (same shape, strides, dtype: the signature's),
+    made without the constructor's checks."""
+    new = object.__new__(type(descriptor))
+    new.__dict__.update(descriptor.__dict__)
+    new.base = base
+    return new
