@@ -166,6 +166,34 @@ def test_training_forwards_replay_the_call_cache():
         assert torch.equal(a, b)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+def test_hopper_repeat_calls_replay_with_rebased_descriptors():
+    """On the Hopper kernel, a repeated signature runs the bound launch with its TMA
+    descriptors re-based on the new call's tensors (sm90.bind_attention): strided q/k/v of a
+    fused buffer, new data, a new scale, softcap and ALiBi, each against its own reference."""
+    attention_op._CALLS.clear()
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03, 0.02, 0.01, 0.005], device="cuda")
+
+    def call(seed, **options):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        qkv = torch.randn(2, 333, 12, 128, device="cuda", generator=gen).bfloat16()
+        q, k, v = qkv[:, :, :8], qkv[:, :, 8:10], qkv[:, :, 10:]
+        with tileattn.use_kernels(attention="sm90"):
+            out = tileattn.attention(q, k, v, causal=True, **options)
+        ref, _ = attention_reference(q, k, v, causal=True, **options)
+        assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[torch.bfloat16]
+
+    for seed in range(3):
+        call(seed)
+    assert len(attention_op._CALLS._entries) == 1
+    for seed, scale in ((3, 0.05), (4, 0.2)):
+        call(seed, softmax_scale=scale)
+    for seed in (5, 6):
+        call(seed, softcap=20.0, alibi_slopes=slopes)
+    assert len(attention_op._CALLS._entries) == 3
+
+
 @pytest.mark.parametrize("head_dim,kv_heads,with_lse", [(128, 2, False), (64, 8, True),
                                                          (256, 4, False), (96, 2, True)])
 def test_backwards_replay_the_backward_call_cache(head_dim, kv_heads, with_lse):

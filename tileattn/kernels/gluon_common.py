@@ -32,6 +32,16 @@ def scalar(value):
     return value if isinstance(value, gl.tensor) else gl.constexpr(value)
 
 
+def rebased_descriptor(descriptor, base: torch.Tensor):
+    """A host TMA descriptor like `descriptor` over `base` instead (a tensor of the same shape,
+    strides and dtype: what a call cache's signature guarantees), made without the
+    constructor's checks, which are most of a descriptor's host time."""
+    new = object.__new__(type(descriptor))
+    new.__dict__.update(descriptor.__dict__)
+    new.base = base
+    return new
+
+
 def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
     """TMA needs a 16-byte aligned base and 16-byte aligned strides for all but the last dim."""
     size = x.element_size()

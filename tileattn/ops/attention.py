@@ -85,14 +85,13 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
             launch = sm90.attention_sm90_launch(
                 q, k, v, out, lse, scale, causal, softcap=cap, window_left=window[0],
                 score_mod=alibi, mod_args=masks.mod_args if alibi is not None else ())
-            run_kernel = sm90.bind_attention(causal, window[0], alibi)
         else:
             launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                           scale, causal, arch, masks=masks)
-            run_kernel = None
         launch.run()
         if signature is not None:
-            run_kernel = run_kernel or fwd.bind_attention(launch)
+            run_kernel = (sm90.bind_attention(launch, alibi) if kernel == "sm90"
+                          else fwd.bind_attention(launch))
             _CALLS.put(signature, _replay(run_kernel, device, given_v if transposes_v else None,
                                           out_shape, out_dtype, lse_shape, is_fp8))
     return (out, lse) if return_lse else out

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.attention import bwd
+from ..kernels.gluon_common import rebased_descriptor
 from ..kernels.runtime import KernelLaunch, is_tma_descriptor
 from .call_cache import CallCache
 
@@ -112,7 +113,7 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
                     recorded = entry[2]
                     descriptor = descriptors.get(id(recorded))
                     if descriptor is None:
-                        descriptor = descriptors[id(recorded)] = _rebased(
+                        descriptor = descriptors[id(recorded)] = rebased_descriptor(
                             recorded, _view(roles[entry[1]]))
                     values[name] = descriptor
                 else:
@@ -121,11 +122,3 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
         return dq, dk, dv
     return replay
 
-
-def _rebased(descriptor, base: torch.Tensor):
-    """descriptor with base in place of its own (same shape, strides, dtype: the signature's),
-    made without the constructor's checks."""
-    new = object.__new__(type(descriptor))
-    new.__dict__.update(descriptor.__dict__)
-    new.base = base
-    return new

@@ -47,7 +47,7 @@ from .sm90_consumers import Output, Rings, consumer_partition
 from .sm90_tiles import Problem
 from .. import mods
 from ..runtime import KernelLaunch
-from ..gluon_common import GL_DTYPES, tma_ready
+from ..gluon_common import GL_DTYPES, rebased_descriptor, tma_ready
 
 # Registers a thread per partition (setmaxnreg): the loader only computes coordinates, the rest
 # goes to the consumers. Ping-pong: 2 x 128 x 240 + 128 x 24 <= the SM's 64K registers.
@@ -323,18 +323,30 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
-def bind_attention(causal: bool, window_left: int = -1, score_mod=None):
-    """attention_sm90_launch as a function of its tensors and softmax scale, for the call
-    cache (ops/call_cache.py): later calls skip the checks and Triton's binder
-    (KernelLaunch.run's fast path keys the tensor descriptors by dtype, block shape and layout,
-    as Triton specializes them); only the descriptors are rebuilt, since they hold the
-    tensors' addresses. score_mod: kernels/mods.alibi or None."""
+def bind_attention(launch: KernelLaunch, score_mod=None):
+    """A dense attention_sm90_launch that has run, as a function of its tensors and softmax
+    scale for the call cache (ops/call_cache.py): later calls of the same signature run the
+    bound launch with its TMA descriptors re-based on their tensors (the signature fixes
+    their shapes, strides and alignment), skipping the launch setup and Triton's binder.
+    None where the launch cannot be bound. score_mod: the launch's (kernels/mods.alibi or
+    None)."""
+    bound = launch.bind()
+    if bound is None:
+        return None
+    args = launch.args
+    q_desc, k_desc, v_desc = args["q_desc"], args["k_desc"], args["v_desc"]
+    tile_ids, tile_starts = args["tile_ids_ptr"], args["tile_starts_ptr"]   # per shape
+
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
             mod_args: tuple = ()) -> None:
         # The call cache's uniform replay interface: descales are None here (16-bit only);
         # mod_args are kernels/mods.builtin's, whose first entry is the softcap (0: none).
         softcap = mod_args[0] if mod_args else 0.0
-        attention_sm90_launch(q, k, v, out, lse, softmax_scale, causal, softcap=softcap,
-                              window_left=window_left, score_mod=score_mod,
-                              mod_args=mod_args if score_mod is not None else ()).run()
+        bound.run(q_desc=rebased_descriptor(q_desc, q.permute(0, 2, 1, 3)),
+                  k_desc=rebased_descriptor(k_desc, k.permute(0, 2, 1, 3)),
+                  v_desc=rebased_descriptor(v_desc, v.permute(0, 2, 1, 3)),
+                  out_ptr=out, lse_ptr=lse, tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts,
+                  mod_args=mod_args if score_mod is not None else (),
+                  softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
+                  softcap_in=softmax_scale / softcap if softcap > 0 else 0.0)
     return run
