@@ -10,6 +10,7 @@ import torch
 import tileattn
 from tileattn import dispatch
 from tileattn.kernels.attention import fwd, sm90
+from tileattn.ops import attention as attention_op
 from tileattn.reference import attention_varlen_reference
 
 from ..conftest import LSE_TOLERANCES, TOLERANCES
@@ -71,6 +72,7 @@ def test_attention_varlen_dispatches_here(monkeypatch):
     """attention_varlen runs this kernel for causal, left windows and ALiBi (its score hook,
     with softcap; causal: as row and column terms), and agrees with the reference."""
     monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._VARLEN_CALLS.clear()     # five signatures: each builds its launch once
     launched = []
     original = sm90.attention_sm90_launch
     monkeypatch.setattr(sm90, "attention_sm90_launch",
@@ -87,3 +89,36 @@ def test_attention_varlen_dispatches_here(monkeypatch):
                                              return_lse=True, **masks)
         _assert_close(out, lse, q, k, v, cu_q, cu_k, **dict(dict(causal=False), **masks))
     assert launched == [True] * 5
+
+
+@pytest.mark.parametrize("kernel, dtype", [("sm90", torch.bfloat16), ("portable", torch.bfloat16),
+                                           ("auto", torch.float8_e4m3fn)], ids=str)
+def test_repeat_varlen_calls_replay(kernel, dtype, monkeypatch):
+    """A repeated attention_varlen signature replays its bound launch (the varlen call cache):
+    each call reads its own cu_seqlens (other sequences, same shapes), values, scale, ALiBi
+    slopes and descales (the Hopper kernel rebuilds its work lists; FP8 V is copied K-major
+    again), each against its own reference."""
+    monkeypatch.setattr(dispatch, "SM90_MIN_WORK", 0)
+    attention_op._VARLEN_CALLS.clear()
+    pairs = list(zip(LENGTHS_Q, LENGTHS_K))
+    for seed in range(3):
+        order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
+        lengths_q, lengths_k = ([pairs[i][j] for i in order] for j in (0, 1))
+        cu_q, cu_k = (torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+                      for lengths in (lengths_q, lengths_k))
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(int(cu_q[-1]), 8, 128, device="cuda", generator=gen)
+        k, v = (torch.randn(int(cu_k[-1]), 2, 128, device="cuda", generator=gen) for _ in range(2))
+        options = dict(causal=True, softmax_scale=0.05 * (seed + 1),
+                       alibi_slopes=torch.rand(8, device="cuda", generator=gen))
+        if dtype == torch.float8_e4m3fn:
+            (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x[None], dtype) for x in (q, k, v))
+            q, k, v = q[0], k[0], v[0]
+            options.update(q_descale=qd, k_descale=kd, v_descale=vd)
+        else:
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        with tileattn.use_kernels(attention=kernel):
+            out, lse = tileattn.attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS_Q),
+                                                 max(LENGTHS_K), return_lse=True, **options)
+        _assert_close(out, lse, q, k, v, cu_q, cu_k, **options)
+    assert len(attention_op._VARLEN_CALLS._entries) == 1

@@ -142,10 +142,46 @@ def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, i
 DECODE_MAX_Q_LEN = 16
 
 
+_VARLEN_CALLS = CallCache()
+
+
+def _varlen_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                      softmax_scale, window_size, softcap, alibi_slopes, block_table, q_descale,
+                      k_descale, v_descale, out_dtype, return_lse, validate) -> tuple | None:
+    """The varlen call cache's key (_signature's, plus the index tensors and the max lengths,
+    which set the grid), or None for a call it does not take."""
+    if (type(window_size) is not tuple or type(softcap) not in (float, int)
+            or type(max_seqlen_q) is not int or type(max_seqlen_k) is not int):
+        return None
+    parts = [type(causal), causal, softmax_scale is None, window_size, softcap > 0, out_dtype,
+             return_lse, validate, max_seqlen_q, max_seqlen_k, dispatch.current()]
+    for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, q_descale, k_descale, v_descale,
+              alibi_slopes):
+        key = tensor_key(x)
+        if key is None:
+            return None
+        parts.append(key)
+    return tuple(parts)
+
+
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
                    softmax_scale, window_size, softcap, alibi_slopes, block_table, q_descale,
                    k_descale, v_descale, out_dtype, return_lse, validate, plan=None):
-    """attention_varlen()'s implementation."""
+    """attention_varlen()'s implementation. A signature seen before (prefill calls, not
+    decode) replays its bound launch, as attention()'s call cache does: the checks of shapes
+    and dtypes and the launch setup are skipped; values are still checked where
+    validate asks for it."""
+    signature = None
+    if plan is None:
+        signature = _varlen_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, causal, softmax_scale, window_size, softcap,
+                                      alibi_slopes, block_table, q_descale, k_descale,
+                                      v_descale, out_dtype, return_lse, validate)
+        replay = _VARLEN_CALLS.get(signature)
+        if replay is not None:
+            return replay(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, q_descale,
+                          k_descale, v_descale, softmax_scale, softcap, alibi_slopes, causal,
+                          window_size, validate)
     max_q, max_k = checks.varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, block_table, q_descale, k_descale,
                                         v_descale, out_dtype)
@@ -212,11 +248,47 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         if hopper:
             from ..kernels.attention import sm90
             alibi = mods.alibi if alibi_slopes is not None else None
-            sm90.attention_sm90_launch(q, k, v, out, lse, scale, causal, softcap=cap,
-                                       window_left=window[0], sequences=sequences,
-                                       score_mod=alibi,
-                                       mod_args=masks.mod_args if alibi is not None else ()).run()
+            launch = sm90.attention_sm90_launch(
+                q, k, v, out, lse, scale, causal, softcap=cap, window_left=window[0],
+                sequences=sequences, score_mod=alibi,
+                mod_args=masks.mod_args if alibi is not None else ())
         else:
-            fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale, scale,
-                                 causal, arch, masks=masks, sequences=sequences).run()
+            launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
+                                          scale, causal, arch, masks=masks, sequences=sequences)
+        launch.run()
+        if signature is not None:
+            run_kernel = (sm90.bind_varlen_attention(launch, alibi) if hopper
+                          else fwd.bind_varlen_attention(launch))
+            _VARLEN_CALLS.put(signature, _varlen_replay(
+                run_kernel, device, aligned_v, max_q, max_k, out.shape, out.dtype,
+                None if lse is None else lse.shape, is_fp8))
     return (out, lse) if return_lse else out
+
+
+def _varlen_replay(run_kernel, device, aligned_v: bool, max_q: int, max_k: int, out_shape,
+                   out_dtype, lse_shape, is_fp8: bool):
+    """A call of a varlen signature the checks passed (see _replay). run_kernel(q, k, v, out,
+    lse, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, block_table,
+    softmax_scale, mod_args) launches the chosen kernel; None when it cannot be replayed."""
+    if run_kernel is None:
+        return None
+
+    def replay(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, q_descale, k_descale,
+               v_descale, softmax_scale, softcap, alibi_slopes, causal, window_size, validate):
+        scale = checks.softmax_scale(softmax_scale, q.shape[2])
+        masks = masks_for(causal, window_size, checks.softcap(softcap), alibi_slopes)
+        if validate or (validate is None and not torch.cuda.is_current_stream_capturing()):
+            checks.varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, block_table)
+        if is_fp8:
+            q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
+                                               for d in (q_descale, k_descale, v_descale))
+        out = torch.empty(out_shape, dtype=out_dtype, device=device)
+        lse = (torch.empty(lse_shape, dtype=torch.float32, device=device)
+               if lse_shape is not None else None)
+        with on_device(device):
+            if aligned_v:
+                v = fp8.packed_k_major_copy(v, cu_seqlens_k, max(max_k, 1))
+            run_kernel(q, k, v, out, lse, q_descale, k_descale, v_descale, cu_seqlens_q,
+                       cu_seqlens_k, block_table, scale, masks.mod_args)
+        return (out, lse) if lse_shape is not None else out
+    return replay

@@ -350,3 +350,34 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
                   softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
                   softcap_in=softmax_scale / softcap if softcap > 0 else 0.0)
     return run
+
+
+def bind_varlen_attention(launch: KernelLaunch, score_mod=None):
+    """bind_attention for a packed launch (`sequences` given): each call builds its work
+    lists from its own cu_seqlens (varlen_work_lists, on the device) with the launch's tiles
+    and program count, and re-bases the descriptors on its packed tensors."""
+    bound = launch.bind()
+    if bound is None:
+        return None
+    args, constexprs = launch.args, launch.constexprs
+    q_desc, k_desc, v_desc = args["q_desc"], args["k_desc"], args["v_desc"]
+    num_q_heads, num_m_blocks = args["num_q_heads"], args["num_m_blocks"]
+    block_m, block_n, causal = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["CAUSAL"]
+    programs = launch.grid[0]
+
+    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k,
+            block_table, softmax_scale: float, mod_args: tuple = ()) -> None:
+        softcap = mod_args[0] if mod_args else 0.0
+        tile_ids, tile_starts, tile_ends = varlen_work_lists(
+            cu_seqlens_q, cu_seqlens_k, num_q_heads, num_m_blocks, block_m, block_n, causal,
+            programs)
+        bound.run(q_desc=rebased_descriptor(q_desc, q.unsqueeze(0).permute(0, 2, 1, 3)),
+                  k_desc=rebased_descriptor(k_desc, k.unsqueeze(0).permute(0, 2, 1, 3)),
+                  v_desc=rebased_descriptor(v_desc, v.unsqueeze(0).permute(0, 2, 1, 3)),
+                  out_ptr=out.unsqueeze(0), lse_ptr=lse, tile_ids_ptr=tile_ids,
+                  tile_starts_ptr=tile_starts, tile_ends_ptr=tile_ends,
+                  cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k,
+                  mod_args=mod_args if score_mod is not None else (),
+                  softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
+                  softcap_in=softmax_scale / softcap if softcap > 0 else 0.0)
+    return run
