@@ -66,3 +66,30 @@ def test_signatures_take_plain_dense_calls_only():
     assert backward_cache.signature(x, None, x, x, x, x, x, **options) is None    # not CUDA
     for hooks in (dict(softcap=30.0), dict(alibi_slopes=torch.ones(2))):
         assert backward_cache.signature(x, None, x, x, x, x, x, **{**options, **hooks}) is None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_backward_arguments_have_their_roles(causal):
+    """Packed sequences (portable kernels): cu_seqlens map by name too."""
+    q = torch.empty(700, 4, 128, dtype=torch.bfloat16)
+    k = torch.empty(650, 2, 128, dtype=torch.bfloat16)
+    v, out, dout = torch.empty_like(k), torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(4, 700)
+    cu_q = torch.tensor([0, 300, 700], dtype=torch.int32)
+    cu_k = torch.tensor([0, 250, 650], dtype=torch.int32)
+    delta, dq_accum = bwd.backward_workspace(q, lse, True)
+    call = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=None, dq=torch.empty_like(q),
+                dk=torch.empty_like(k), dv=torch.empty_like(v), delta=delta, dq_accum=dq_accum,
+                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    launches = bwd.backward_launches(
+        q, k, v, out, lse, dout, call["dq"], call["dk"], call["dv"], delta, dq_accum,
+        causal=causal, softmax_scale=0.1, window_left=-1, window_right=-1, cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k, max_seqlen_q=400, max_seqlen_k=400, arch=arch_for_capability((9, 0)),
+        kernel="sm90")
+    roles = set()
+    for launch in launches:
+        names = {name for name, value in launch.args.items() if runtime._holds_tensor(value)}
+        plan = backward_cache._argument_plan(launch, names, call)
+        assert plan is not None and set(plan) == names, launch.kernel
+        roles |= {entry[1] for entry in plan.values() if entry[0] == "tensor"}
+    assert {"cu_seqlens_q", "cu_seqlens_k"} <= roles

@@ -234,6 +234,42 @@ def test_backwards_replay_the_backward_call_cache(head_dim, kv_heads, with_lse):
         assert torch.equal(a, b)
 
 
+def test_packed_backwards_replay_the_backward_call_cache():
+    """attention_varlen's backward replays too (portable kernels, cu_seqlens by name): a call
+    with other sequences (same shapes and max lengths) gives, bit for bit, the gradients of
+    the uncached path."""
+    lengths = [(300, 350), (17, 17), (683, 600), (0, 33)]
+
+    def step(order, seed):
+        lq, lk = ([lengths[i][j] for i in order] for j in (0, 1))
+        cu_q, cu_k = (torch.tensor([0] + l, device="cuda").cumsum(0).to(torch.int32)
+                      for l in (lq, lk))
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(sum(lq), 8, 128, device="cuda", generator=gen).bfloat16().requires_grad_()
+        k, v = (torch.randn(sum(lk), 2, 128, device="cuda", generator=gen).bfloat16()
+                .requires_grad_() for _ in range(2))
+        out = tileattn.attention_varlen(q, k, v, cu_q, cu_k, 683, 600, causal=True)
+        grad = torch.randn(out.shape, device="cuda", generator=gen).bfloat16()
+        return torch.autograd.grad(out, (q, k, v), grad)
+
+    backward_cache.CALLS.clear()
+    step([0, 1, 2, 3], 0)
+    assert len(backward_cache.CALLS._entries) == 1
+    (key, replay), = backward_cache.CALLS._entries.items()
+    replays = []
+    backward_cache.CALLS._entries[key] = lambda *args: replays.append(1) or replay(*args)
+    replayed = step([2, 0, 3, 1], 1)
+    assert replays, "the second backward did not replay"
+    backward_cache.CALLS.clear()
+    backward_cache.CALLS.put = lambda *args: None          # the reference: uncached
+    try:
+        checked = step([2, 0, 3, 1], 1)
+    finally:
+        del backward_cache.CALLS.put
+    for a, b in zip(replayed, checked):
+        assert torch.equal(a, b)
+
+
 def test_cuda_graph_capture_and_replay():
     q, k, v = (torch.randn(2, 500, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     tileattn.attention(q, k, v, causal=True)

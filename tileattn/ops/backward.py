@@ -34,18 +34,18 @@ def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Te
     lse, dout = lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
     settings = dispatch.current()
-    key = None
-    if cu_seqlens_q is None:
-        # The fixed-order dQ pass measured faster than fp32 atomics at every point of the H100
-        # backward grid (docs/design.md, "Backward"): every backward is deterministic.
-        key = backward_cache.signature(
-            dout, dlse, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-            window_left=window_left, window_right=window_right, softcap=softcap,
-            alibi_slopes=alibi_slopes, deterministic=True, settings=settings)
-        replay = backward_cache.CALLS.get(key)
-        if replay is not None:
-            with on_device(q.device):
-                return replay(dout, dlse, q, k, v, out, lse)
+    # The fixed-order dQ pass measured faster than fp32 atomics at every point of the H100
+    # backward grid (docs/design.md, "Backward"): every backward is deterministic.
+    key = backward_cache.signature(
+        dout, dlse, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        alibi_slopes=alibi_slopes, deterministic=True, settings=settings,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k)
+    replay = backward_cache.CALLS.get(key)
+    if replay is not None:
+        with on_device(q.device):
+            return replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -67,7 +67,8 @@ def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Te
             launch.run()
     if key is not None:
         call = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk, dv=dv,
-                    delta=delta, dq_accum=dq_accum)
+                    delta=delta, dq_accum=dq_accum, cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_k=cu_seqlens_k)
         backward_cache.CALLS.put(key, backward_cache.make_replay(launches, call, True))
     return dq, dk, dv
 

@@ -1,4 +1,4 @@
-"""The backward's call cache: a dense backward whose signature was seen replays its bound
+"""The backward's call cache: a backward whose signature was seen replays its bound
 launches (ops/call_cache.py's idea for the forward), skipping the launch setup and Triton's
 binder. At short contexts the backward's host time exceeded its kernels' run time (docs/
 design.md, "Host overhead and the call cache").
@@ -24,7 +24,8 @@ from .call_cache import CallCache
 _ROLES = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "out_ptr": "out", "do_ptr": "dout",
           "dlse_ptr": "dlse", "lse_ptr": "lse", "delta_ptr": "delta",
           "dq_accum_ptr": "dq_accum", "dq_ptr": "dq", "dk_ptr": "dk", "dv_ptr": "dv",
-          "q_desc": "q", "k_desc": "k", "v_desc": "v", "do_desc": "dout"}
+          "q_desc": "q", "k_desc": "k", "v_desc": "v", "do_desc": "dout",
+          "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k"}
 
 CALLS = CallCache()
 
@@ -41,13 +42,16 @@ def _key(x):
 
 def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: float,
               window_left: int, window_right: int, softcap: float, alibi_slopes,
-              deterministic: bool, settings) -> tuple | None:
-    """The cache key of a dense backward call, or None for one it does not take: score hooks
-    (softcap, ALiBi: their tensors travel in tuples) or anything but plain CUDA tensors."""
+              deterministic: bool, settings, cu_seqlens_q=None, cu_seqlens_k=None,
+              max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> tuple | None:
+    """The cache key of a dense or packed (cu_seqlens given; their max lengths set the grid)
+    backward call, or None for one it does not take: score hooks (softcap, ALiBi: their
+    tensors travel in tuples) or anything but plain CUDA tensors."""
     if softcap or alibi_slopes is not None:
         return None
-    parts = [causal, float(softmax_scale), window_left, window_right, deterministic, settings]
-    for x in (dout, dlse, q, k, v, out, lse):
+    parts = [causal, float(softmax_scale), window_left, window_right, deterministic, settings,
+             max_seqlen_q, max_seqlen_k]
+    for x in (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k):
         key = _key(x)
         if key is None:
             return None
@@ -86,7 +90,8 @@ def _argument_plan(launch: KernelLaunch, tensor_names, call: dict) -> dict | Non
 
 
 def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
-    """A replay(dout, dlse, q, k, v, out, lse) -> (dq, dk, dv) of launches that have run for
+    """A replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) -> (dq, dk, dv) of
+    launches that have run for
     the tensors in `call` (role -> tensor), or None where one cannot be bound or mapped."""
     steps = []
     for launch in launches:
@@ -98,11 +103,12 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
             return None
         steps.append((bound, plan))
 
-    def replay(dout, dlse, q, k, v, out, lse):
+    def replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         delta, dq_accum = bwd.backward_workspace(q, lse, deterministic)
         roles = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk,
-                     dv=dv, delta=delta, dq_accum=dq_accum)
+                     dv=dv, delta=delta, dq_accum=dq_accum, cu_seqlens_q=cu_seqlens_q,
+                     cu_seqlens_k=cu_seqlens_k)
         descriptors = {}    # launches that shared a descriptor share its replacement
         for bound, plan in steps:
             values = {}
