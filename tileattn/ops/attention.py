@@ -69,8 +69,7 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
         v = fp8.k_major_copy(v)
     if is_fp8:
         # The kernel reads every descale; a missing one is 1.0.
-        q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
-                                           for d in (q_descale, k_descale, v_descale))
+        q_descale, k_descale, v_descale = _unit_if_none(device, q_descale, k_descale, v_descale)
     out = torch.empty(out_shape, dtype=out_dtype, device=device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if return_lse else None
     # The Hopper kernel has softcap, ALiBi (its score hook) and left windows; a right window
@@ -113,6 +112,19 @@ def _signature(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slope
     return tuple(parts)
 
 
+def _unit_if_none(device, *descales):
+    """The descales with a missing one as 1.0 (the kernels read every descale)."""
+    return tuple(unit_descale(device) if d is None else d for d in descales)
+
+
+def _fresh_outputs(device, out_shape, out_dtype, lse_shape):
+    """(out, lse or None) of a replayed call."""
+    out = torch.empty(out_shape, dtype=out_dtype, device=device)
+    lse = (torch.empty(lse_shape, dtype=torch.float32, device=device)
+           if lse_shape is not None else None)
+    return out, lse
+
+
 def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, is_fp8):
     """A call of a signature the checks passed. run_kernel(q, k, v, out, lse, q_descale,
     k_descale, v_descale, softmax_scale, mod_args) launches the chosen kernel; None when the
@@ -123,11 +135,9 @@ def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, i
 
     def replay(q, k, v, q_descale, k_descale, v_descale, softmax_scale, mod_args):
         if is_fp8:
-            q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
-                                               for d in (q_descale, k_descale, v_descale))
-        out = torch.empty(out_shape, dtype=out_dtype, device=device)
-        lse = (torch.empty(lse_shape, dtype=torch.float32, device=device)
-               if lse_shape is not None else None)
+            q_descale, k_descale, v_descale = _unit_if_none(device, q_descale, k_descale,
+                                                            v_descale)
+        out, lse = _fresh_outputs(device, out_shape, out_dtype, lse_shape)
         with on_device(device):
             if prepare_v is not None:
                 v = prepare_v(v)
@@ -229,8 +239,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         return (out, lse) if return_lse else out
     arch = arch_of(device)
     if is_fp8:
-        q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
-                                           for d in (q_descale, k_descale, v_descale))
+        q_descale, k_descale, v_descale = _unit_if_none(device, q_descale, k_descale, v_descale)
     # Packed FP8 V goes K-major with each sequence at an aligned row (fp8.packed_k_major_copy):
     # at its own first key's offset no vectorized load could assume alignment (docs/design.md,
     # "Serving masks and varlen/paged prefill"). Paged caches keep their layout.
@@ -280,11 +289,9 @@ def _varlen_replay(run_kernel, device, aligned_v: bool, max_q: int, max_k: int, 
         if validate or (validate is None and not torch.cuda.is_current_stream_capturing()):
             checks.varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_q, max_k, block_table)
         if is_fp8:
-            q_descale, k_descale, v_descale = (unit_descale(device) if d is None else d
-                                               for d in (q_descale, k_descale, v_descale))
-        out = torch.empty(out_shape, dtype=out_dtype, device=device)
-        lse = (torch.empty(lse_shape, dtype=torch.float32, device=device)
-               if lse_shape is not None else None)
+            q_descale, k_descale, v_descale = _unit_if_none(device, q_descale, k_descale,
+                                                            v_descale)
+        out, lse = _fresh_outputs(device, out_shape, out_dtype, lse_shape)
         with on_device(device):
             if aligned_v:
                 v = fp8.packed_k_major_copy(v, cu_seqlens_k, max(max_k, 1))
