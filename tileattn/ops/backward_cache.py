@@ -6,8 +6,9 @@ design.md, "Host overhead and the call cache").
 A replay maps each tensor argument of the recorded launches to the same role in the new call
 by the argument's name (_ROLES: the names kernels/attention/bwd.py and sm90_bwd.py give
 them), after checking, when it records, that every tensor argument is the tensor its name
-says. Gluon TMA descriptors are copied with their base swapped for the new tensor's view (the
-signature fixes their shape, strides and alignment, so nothing else of them changes).
+says. Gluon TMA descriptors are kept without their tensors (the cache holds no call's tensor)
+and copied with the new tensor's view as base (the signature fixes their shape, strides and
+alignment, so nothing else of them changes).
 """
 
 from __future__ import annotations
@@ -63,9 +64,13 @@ def _view(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 1, 3)
 
 
-def _argument_plan(launch: KernelLaunch, tensor_names, call: dict) -> dict | None:
-    """name -> how a replay fills it: ("tensor", role), ("descriptor", role, recorded one) or
-    ("fixed", value) for tensor-free tuples; None where an argument is not what _ROLES says."""
+def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
+                   templates: dict | None = None) -> dict | None:
+    """name -> how a replay fills it: ("tensor", role), ("descriptor", role, template: the
+    recorded descriptor without its tensor, one per recorded descriptor, shared through
+    `templates`) or ("fixed", value) for tensor-free tuples; None where an argument is not
+    what _ROLES says."""
+    templates = {} if templates is None else templates
     plan = {}
     for name in tensor_names:
         value = launch.args.get(name)
@@ -81,7 +86,10 @@ def _argument_plan(launch: KernelLaunch, tensor_names, call: dict) -> dict | Non
             if (value.base.data_ptr() != view.data_ptr() or value.base.shape != view.shape
                     or value.base.stride() != view.stride()):
                 return None
-            plan[name] = ("descriptor", role, value)
+            template = templates.get(id(value))
+            if template is None:
+                template = templates[id(value)] = rebased_descriptor(value, None)
+            plan[name] = ("descriptor", role, template)
         elif value is call[role]:
             plan[name] = ("tensor", role)
         else:
@@ -93,12 +101,12 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
     """A replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) -> (dq, dk, dv) of
     launches that have run for
     the tensors in `call` (role -> tensor), or None where one cannot be bound or mapped."""
-    steps = []
+    steps, templates = [], {}
     for launch in launches:
         bound = launch.bind()
         if bound is None:
             return None
-        plan = _argument_plan(launch, bound.tensor_names, call)
+        plan = _argument_plan(launch, bound.tensor_names, call, templates)
         if plan is None:
             return None
         steps.append((bound, plan))
@@ -116,11 +124,11 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
                 if entry[0] == "tensor":
                     values[name] = roles[entry[1]]
                 elif entry[0] == "descriptor":
-                    recorded = entry[2]
-                    descriptor = descriptors.get(id(recorded))
+                    template = entry[2]
+                    descriptor = descriptors.get(id(template))
                     if descriptor is None:
-                        descriptor = descriptors[id(recorded)] = rebased_descriptor(
-                            recorded, _view(roles[entry[1]]))
+                        descriptor = descriptors[id(template)] = rebased_descriptor(
+                            template, _view(roles[entry[1]]))
                     values[name] = descriptor
                 else:
                     values[name] = entry[1]

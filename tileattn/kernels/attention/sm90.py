@@ -334,7 +334,9 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
     if bound is None:
         return None
     args = launch.args
-    q_desc, k_desc, v_desc = args["q_desc"], args["k_desc"], args["v_desc"]
+    # Templates without the first call's tensors (the cache would keep them alive).
+    q_desc, k_desc, v_desc = (rebased_descriptor(args[name], None)
+                              for name in ("q_desc", "k_desc", "v_desc"))
     tile_ids, tile_starts = args["tile_ids_ptr"], args["tile_starts_ptr"]   # per shape
 
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
@@ -360,7 +362,8 @@ def bind_varlen_attention(launch: KernelLaunch, score_mod=None):
     if bound is None:
         return None
     args, constexprs = launch.args, launch.constexprs
-    q_desc, k_desc, v_desc = args["q_desc"], args["k_desc"], args["v_desc"]
+    q_desc, k_desc, v_desc = (rebased_descriptor(args[name], None)
+                              for name in ("q_desc", "k_desc", "v_desc"))
     num_q_heads, num_m_blocks = args["num_q_heads"], args["num_m_blocks"]
     block_m, block_n, causal = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["CAUSAL"]
     programs = launch.grid[0]
