@@ -122,3 +122,34 @@ def test_repeat_varlen_calls_replay(kernel, dtype, monkeypatch):
                                                  max(LENGTHS_K), return_lse=True, **options)
         _assert_close(out, lse, q, k, v, cu_q, cu_k, **options)
     assert len(attention_op._VARLEN_CALLS._entries) == 1
+
+
+def test_repeat_paged_prefill_calls_replay(monkeypatch):
+    """Paged prefill (the portable kernel) replays too, reading each call's block_table: the
+    same sequences in other pages, against the reference over the packed keys."""
+    attention_op._VARLEN_CALLS.clear()
+    page, lengths_q, lengths_k = 16, [300, 17, 100], [333, 40, 129]
+    cu_q, cu_k = (torch.tensor([0] + l, device="cuda").cumsum(0).to(torch.int32)
+                  for l in (lengths_q, lengths_k))
+    pages_per = [-(-n // page) for n in lengths_k]
+    num_pages = sum(pages_per) + 5
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(sum(lengths_q), 8, 128, device="cuda", generator=gen).bfloat16()
+        k, v = (torch.randn(sum(lengths_k), 2, 128, device="cuda", generator=gen).bfloat16()
+                for _ in range(2))
+        order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
+        table = torch.zeros(len(lengths_k), max(pages_per), dtype=torch.int32)
+        k_cache, v_cache = (torch.randn(num_pages, page, 2, 128, device="cuda",
+                                        generator=gen).bfloat16() for _ in range(2))
+        for b, n in enumerate(lengths_k):
+            for p in range(pages_per[b]):
+                table[b, p] = order.pop()
+                rows = slice(int(cu_k[b]) + p * page, int(cu_k[b]) + min(n, (p + 1) * page))
+                k_cache[table[b, p], :rows.stop - rows.start] = k[rows]
+                v_cache[table[b, p], :rows.stop - rows.start] = v[rows]
+        out, lse = tileattn.attention_varlen(q, k_cache, v_cache, cu_q, cu_k, max(lengths_q),
+                                             max(lengths_k), causal=True,
+                                             block_table=table.cuda(), return_lse=True)
+        _assert_close(out, lse, q, k, v, cu_q, cu_k, causal=True)
+    assert len(attention_op._VARLEN_CALLS._entries) == 1
