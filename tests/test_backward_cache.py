@@ -7,9 +7,15 @@ import pytest
 import torch
 
 from tileattn.arch import arch_for_capability
-from tileattn.kernels import runtime
+from tileattn.kernels import mods, runtime
 from tileattn.kernels.attention import bwd
 from tileattn.ops import backward_cache
+
+
+def _per_call(launch) -> set:
+    """The arguments a BoundLaunch of this launch takes per call (runtime.BoundLaunch)."""
+    return {name for name, value in launch.args.items()
+            if runtime._holds_tensor(value) or type(value) is tuple}
 
 
 def _call(head_dim=128, kv_heads=2, dlse=False):
@@ -38,7 +44,7 @@ def test_every_tensor_argument_has_its_role(kernel, capability, head_dim, causal
     assert len(launches) == 3
     descriptors = 0
     for launch in launches:
-        names = {name for name, value in launch.args.items() if runtime._holds_tensor(value)}
+        names = _per_call(launch)
         plan = backward_cache._argument_plan(launch, names, call)
         assert plan is not None and set(plan) == names, launch.kernel
         descriptors += sum(entry[0] == "descriptor" for entry in plan.values())
@@ -55,19 +61,43 @@ def test_a_wrong_tensor_is_refused():
         call["dk"], call["dv"], call["delta"], None, causal=True, softmax_scale=0.1,
         window_left=-1, window_right=-1, arch=arch_for_capability((9, 0)), kernel="sm90")
     swapped = dict(call, k=call["v"], v=call["k"])     # k's tensor where v's was
-    names = {name for name, value in launches[1].args.items() if runtime._holds_tensor(value)}
+    names = _per_call(launches[1])
     assert backward_cache._argument_plan(launches[1], names, swapped) is None
 
 
-def test_signatures_take_plain_dense_calls_only():
+def test_signatures_take_cuda_tensors_only():
     x = torch.empty(1, 8, 2, 64, device="meta")
     options = dict(causal=True, softmax_scale=0.125, window_left=-1, window_right=0,
                    softcap=0.0, alibi_slopes=None, deterministic=True, settings=None)
     cpu = torch.empty(1, 8, 2, 64)
     assert backward_cache.signature(cpu, None, cpu, cpu, cpu, cpu, cpu, **options) is None
     assert backward_cache.signature(x, None, x, x, x, x, x, **options) is None    # not CUDA
-    for hooks in (dict(softcap=30.0), dict(alibi_slopes=torch.ones(2))):
-        assert backward_cache.signature(x, None, x, x, x, x, x, **{**options, **hooks}) is None
+
+
+@pytest.mark.parametrize("softcap, alibi", [(30.0, False), (0.0, True), (20.0, True)])
+def test_hook_arguments_are_each_calls(softcap, alibi):
+    """Softcap and ALiBi (portable kernels): mod_args is filled from each replayed call (the
+    softcap's value is not in the signature), everything else by role."""
+    call = _call(128)
+    slopes = torch.rand(4) if alibi else None
+    score_mod, score_mod_grad, mod_args = mods.builtin(softcap, slopes)
+    call["mod_args"] = mod_args
+    launches = bwd.backward_launches(
+        call["q"], call["k"], call["v"], call["out"], call["lse"], call["dout"], call["dq"],
+        call["dk"], call["dv"], call["delta"], None, causal=True, softmax_scale=0.1,
+        window_left=-1, window_right=-1, score_mod=score_mod, score_mod_grad=score_mod_grad,
+        mod_args=mod_args, arch=arch_for_capability((9, 0)), kernel="sm90")
+    kinds = []
+    for launch in launches:
+        names = _per_call(launch)
+        plan = backward_cache._argument_plan(launch, names, call)
+        assert plan is not None and set(plan) == names, launch.kernel
+        kinds += [entry[0] for entry in plan.values()]
+    assert kinds.count("mod_args") == 2 and "descriptor" not in kinds   # dK/dV and dQ
+    other = dict(call, mod_args=mods.builtin(softcap + 1.0, slopes)[2])
+    names = _per_call(launches[1])
+    if softcap:   # a plan recorded for other arguments than the launch's is refused
+        assert backward_cache._argument_plan(launches[1], names, other) is None
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -90,7 +120,7 @@ def test_packed_backward_arguments_have_their_roles(causal):
         kernel="sm90")
     roles = set()
     for launch in launches:
-        names = {name for name, value in launch.args.items() if runtime._holds_tensor(value)}
+        names = _per_call(launch)
         plan = backward_cache._argument_plan(launch, names, call)
         assert plan is not None and set(plan) == names, launch.kernel
         roles |= {entry[1] for entry in plan.values() if entry[0] == "tensor"}

@@ -194,28 +194,33 @@ def test_hopper_repeat_calls_replay_with_rebased_descriptors():
     assert len(attention_op._CALLS._entries) == 3
 
 
-@pytest.mark.parametrize("head_dim,kv_heads,with_lse", [(128, 2, False), (64, 8, True),
-                                                         (256, 4, False), (96, 2, True)])
-def test_backwards_replay_the_backward_call_cache(head_dim, kv_heads, with_lse):
+@pytest.mark.parametrize("head_dim,kv_heads,with_lse,hooks", [
+    (128, 2, False, None), (64, 8, True, None), (256, 4, False, None), (96, 2, True, None),
+    (128, 2, False, "softcap"), (64, 8, True, "softcap-alibi")])
+def test_backwards_replay_the_backward_call_cache(head_dim, kv_heads, with_lse, hooks):
     """A repeated backward signature replays its bound launches (ops/backward_cache.py) on the
     new call's tensors: its gradients equal, bit for bit, those of the same inputs through the
-    uncached path (Gluon descriptors re-based, portable launches, dlse)."""
+    uncached path (Gluon descriptors re-based, portable launches, dlse; softcap and ALiBi
+    with another cap and other slopes than the recorded call's)."""
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
 
-    def inputs():
+    def inputs(softcap):
         q = torch.randn(2, 333, 8, head_dim, device="cuda", generator=gen).bfloat16()
         k, v = (torch.randn(2, 301, kv_heads, head_dim, device="cuda", generator=gen).bfloat16()
                 for _ in range(2))
         grads = [torch.randn(2, 333, 8, head_dim, device="cuda", generator=gen).bfloat16(),
                  torch.randn(2, 8, 333, device="cuda", generator=gen)]
-        return [x.requires_grad_() for x in (q, k, v)], grads
+        options = dict(softcap=softcap) if hooks else {}
+        if hooks == "softcap-alibi":
+            options["alibi_slopes"] = torch.rand(8, device="cuda", generator=gen)
+        return [x.requires_grad_() for x in (q, k, v)], grads, options
 
-    def step(leaves, grads):
-        out, lse = tileattn.attention(*leaves, causal=True, return_lse=True)
+    def step(leaves, grads, options):
+        out, lse = tileattn.attention(*leaves, causal=True, return_lse=True, **options)
         outputs, grads = ((out, lse), grads) if with_lse else ((out,), grads[:1])
         return torch.autograd.grad(outputs, leaves, grads)
 
-    first, second = inputs(), inputs()
+    first, second = inputs(10.0), inputs(25.0)
     backward_cache.CALLS.clear()
     step(*first)
     assert len(backward_cache.CALLS._entries) == 1

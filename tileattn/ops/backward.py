@@ -42,14 +42,14 @@ def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Te
         alibi_slopes=alibi_slopes, deterministic=True, settings=settings,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k)
+    score_mod, score_mod_grad, mod_args = mods.builtin(softcap, alibi_slopes)
     replay = backward_cache.CALLS.get(key)
     if replay is not None:
         with on_device(q.device):
-            return replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+            return replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, mod_args)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    score_mod, score_mod_grad, mod_args = mods.builtin(softcap, alibi_slopes)
     varlen = {}
     if cu_seqlens_q is not None:
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -68,7 +68,7 @@ def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Te
     if key is not None:
         call = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk, dv=dv,
                     delta=delta, dq_accum=dq_accum, cu_seqlens_q=cu_seqlens_q,
-                    cu_seqlens_k=cu_seqlens_k)
+                    cu_seqlens_k=cu_seqlens_k, mod_args=mod_args)
         backward_cache.CALLS.put(key, backward_cache.make_replay(launches, call, True))
     return dq, dk, dv
 

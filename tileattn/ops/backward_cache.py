@@ -46,13 +46,11 @@ def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: flo
               deterministic: bool, settings, cu_seqlens_q=None, cu_seqlens_k=None,
               max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> tuple | None:
     """The cache key of a dense or packed (cu_seqlens given; their max lengths set the grid)
-    backward call, or None for one it does not take: score hooks (softcap, ALiBi: their
-    tensors travel in tuples) or anything but plain CUDA tensors."""
-    if softcap or alibi_slopes is not None:
-        return None
+    backward call, or None for one it does not take (anything but plain CUDA tensors). The
+    softcap's value is not in it: the built-in hooks read it from each call's mod_args."""
     parts = [causal, float(softmax_scale), window_left, window_right, deterministic, settings,
-             max_seqlen_q, max_seqlen_k]
-    for x in (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k):
+             max_seqlen_q, max_seqlen_k, softcap > 0]
+    for x in (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
         key = _key(x)
         if key is None:
             return None
@@ -68,14 +66,22 @@ def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
                    templates: dict | None = None) -> dict | None:
     """name -> how a replay fills it: ("tensor", role), ("descriptor", role, template: the
     recorded descriptor without its tensor, one per recorded descriptor, shared through
-    `templates`) or ("fixed", value) for tensor-free tuples; None where an argument is not
-    what _ROLES says."""
+    `templates`), ("mod_args",) or ("fixed", value) for other tensor-free tuples; None where
+    an argument is not what _ROLES says."""
     templates = {} if templates is None else templates
     plan = {}
     for name in tensor_names:
         value = launch.args.get(name)
         role = _ROLES.get(name)
-        if type(value) is tuple:
+        if name == "mod_args":
+            # The built-in hooks' arguments (kernels/mods.builtin: the softcap, the slopes and
+            # their strides): each replay passes its call's.
+            recorded = call.get("mod_args", ())
+            if len(value) != len(recorded) or any(a is not b and a != b
+                                                  for a, b in zip(value, recorded)):
+                return None
+            plan[name] = ("mod_args",)
+        elif type(value) is tuple:
             if any(isinstance(item, torch.Tensor) for item in value):
                 return None
             plan[name] = ("fixed", value)
@@ -98,8 +104,8 @@ def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
 
 
 def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
-    """A replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) -> (dq, dk, dv) of
-    launches that have run for
+    """A replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, mod_args) -> (dq,
+    dk, dv) of launches that have run for
     the tensors in `call` (role -> tensor), or None where one cannot be bound or mapped."""
     steps, templates = [], {}
     for launch in launches:
@@ -111,7 +117,8 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
             return None
         steps.append((bound, plan))
 
-    def replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None):
+    def replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q=None, cu_seqlens_k=None,
+               mod_args=()):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         delta, dq_accum = bwd.backward_workspace(q, lse, deterministic)
         roles = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk,
@@ -123,6 +130,8 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
             for name, entry in plan.items():
                 if entry[0] == "tensor":
                     values[name] = roles[entry[1]]
+                elif entry[0] == "mod_args":
+                    values[name] = mod_args
                 elif entry[0] == "descriptor":
                     template = entry[2]
                     descriptor = descriptors.get(id(template))
