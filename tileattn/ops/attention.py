@@ -266,8 +266,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                                           scale, causal, arch, masks=masks, sequences=sequences)
         launch.run()
         if signature is not None:
-            run_kernel = (sm90.bind_varlen_attention(launch, alibi) if hopper
-                          else fwd.bind_varlen_attention(launch))
+            run_kernel = (sm90.bind_attention(launch, alibi) if hopper
+                          else fwd.bind_attention(launch))
             _VARLEN_CALLS.put(signature, _varlen_replay(
                 run_kernel, device, aligned_v, max_q, max_k, out.shape, out.dtype,
                 None if lse is None else lse.shape, is_fp8))
@@ -277,8 +277,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 def _varlen_replay(run_kernel, device, aligned_v: bool, max_q: int, max_k: int, out_shape,
                    out_dtype, lse_shape, is_fp8: bool):
     """A call of a varlen signature the checks passed (see _replay). run_kernel(q, k, v, out,
-    lse, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, block_table,
-    softmax_scale, mod_args) launches the chosen kernel; None when it cannot be replayed."""
+    lse, q_descale, k_descale, v_descale, softmax_scale, mod_args, cu_seqlens_q, cu_seqlens_k,
+    block_table) launches the chosen kernel; None when it cannot be replayed."""
     if run_kernel is None:
         return None
 
@@ -295,7 +295,7 @@ def _varlen_replay(run_kernel, device, aligned_v: bool, max_q: int, max_k: int, 
         with on_device(device):
             if aligned_v:
                 v = fp8.packed_k_major_copy(v, cu_seqlens_k, max(max_k, 1))
-            run_kernel(q, k, v, out, lse, q_descale, k_descale, v_descale, cu_seqlens_q,
-                       cu_seqlens_k, block_table, scale, masks.mod_args)
+            run_kernel(q, k, v, out, lse, q_descale, k_descale, v_descale, scale,
+                       masks.mod_args, cu_seqlens_q, cu_seqlens_k, block_table)
         return (out, lse) if lse_shape is not None else out
     return replay

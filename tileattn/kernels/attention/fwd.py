@@ -446,29 +446,16 @@ def _block_rows(descale: torch.Tensor | None, tile: int) -> int:
 
 def bind_attention(launch: KernelLaunch):
     """attention_launch's launch as a function of its tensors and softmax scale, for later calls
-    with inputs of the same shapes, strides, dtypes and alignment (the call cache,
-    ops/call_cache.py); None where the launch cannot be bound (see KernelLaunch.bind)."""
+    with inputs of the same shapes, strides, dtypes and alignment (the call caches,
+    ops/call_cache.py); a packed or paged launch's also takes the call's cu_seqlens_q,
+    cu_seqlens_k and block_table. None where the launch cannot be bound (KernelLaunch.bind)."""
     bound = launch.bind()
     if bound is None:
         return None
 
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
-            mod_args: tuple = ()) -> None:
-        bound.run(q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse, q_descale_ptr=q_descale,
-                  k_descale_ptr=k_descale, v_descale_ptr=v_descale,
-                  softmax_scale_log2=softmax_scale * LOG2_E, mod_args=mod_args)
-    return run
-
-
-def bind_varlen_attention(launch: KernelLaunch):
-    """bind_attention for a packed or paged launch (Sequences given): its run also takes the
-    call's cu_seqlens_q, cu_seqlens_k and block_table (None where the launch had none)."""
-    bound = launch.bind()
-    if bound is None:
-        return None
-
-    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k,
-            block_table, softmax_scale: float, mod_args: tuple = ()) -> None:
+            mod_args: tuple = (), cu_seqlens_q=None, cu_seqlens_k=None,
+            block_table=None) -> None:
         bound.run(q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse, q_descale_ptr=q_descale,
                   k_descale_ptr=k_descale, v_descale_ptr=v_descale,
                   cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k,

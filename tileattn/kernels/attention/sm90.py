@@ -324,62 +324,46 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
 
 
 def bind_attention(launch: KernelLaunch, score_mod=None):
-    """A dense attention_sm90_launch that has run, as a function of its tensors and softmax
-    scale for the call cache (ops/call_cache.py): later calls of the same signature run the
-    bound launch with its TMA descriptors re-based on their tensors (the signature fixes
-    their shapes, strides and alignment), skipping the launch setup and Triton's binder.
-    None where the launch cannot be bound. score_mod: the launch's (kernels/mods.alibi or
-    None)."""
-    bound = launch.bind()
-    if bound is None:
-        return None
-    args = launch.args
-    # Templates without the first call's tensors (the cache would keep them alive).
-    q_desc, k_desc, v_desc = (rebased_descriptor(args[name], None)
-                              for name in ("q_desc", "k_desc", "v_desc"))
-    tile_ids, tile_starts = args["tile_ids_ptr"], args["tile_starts_ptr"]   # per shape
-
-    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
-            mod_args: tuple = ()) -> None:
-        # The call cache's uniform replay interface: descales are None here (16-bit only);
-        # mod_args are kernels/mods.builtin's, whose first entry is the softcap (0: none).
-        softcap = mod_args[0] if mod_args else 0.0
-        bound.run(q_desc=rebased_descriptor(q_desc, q.permute(0, 2, 1, 3)),
-                  k_desc=rebased_descriptor(k_desc, k.permute(0, 2, 1, 3)),
-                  v_desc=rebased_descriptor(v_desc, v.permute(0, 2, 1, 3)),
-                  out_ptr=out, lse_ptr=lse, tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts,
-                  mod_args=mod_args if score_mod is not None else (),
-                  softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
-                  softcap_in=softmax_scale / softcap if softcap > 0 else 0.0)
-    return run
-
-
-def bind_varlen_attention(launch: KernelLaunch, score_mod=None):
-    """bind_attention for a packed launch (`sequences` given): each call builds its work
-    lists from its own cu_seqlens (varlen_work_lists, on the device) with the launch's tiles
-    and program count, and re-bases the descriptors on its packed tensors."""
+    """A dense or packed attention_sm90_launch that has run, as a function of its tensors and
+    softmax scale for the call caches (ops/call_cache.py): later calls of the same signature
+    run the bound launch with its TMA descriptors re-based on their tensors (the signature
+    fixes their shapes, strides and alignment), skipping the launch setup and Triton's binder.
+    A packed launch's calls also take their cu_seqlens, from which each builds its work lists
+    (varlen_work_lists, on the device) with the launch's tiles and program count. None where
+    the launch cannot be bound. score_mod: the launch's (kernels/mods.alibi or None)."""
     bound = launch.bind()
     if bound is None:
         return None
     args, constexprs = launch.args, launch.constexprs
+    # Templates without the first call's tensors (the cache would keep them alive).
     q_desc, k_desc, v_desc = (rebased_descriptor(args[name], None)
                               for name in ("q_desc", "k_desc", "v_desc"))
+    packed = constexprs["VARLEN"]
+    tile_ids, tile_starts = args["tile_ids_ptr"], args["tile_starts_ptr"]   # dense: per shape
     num_q_heads, num_m_blocks = args["num_q_heads"], args["num_m_blocks"]
     block_m, block_n, causal = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["CAUSAL"]
     programs = launch.grid[0]
 
-    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k,
-            block_table, softmax_scale: float, mod_args: tuple = ()) -> None:
+    def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
+            mod_args: tuple = (), cu_seqlens_q=None, cu_seqlens_k=None,
+            block_table=None) -> None:
+        # The call caches' uniform replay interface: descales are None here (16-bit only),
+        # block_table too (no paging); mod_args are kernels/mods.builtin's, whose first entry
+        # is the softcap (0: none).
         softcap = mod_args[0] if mod_args else 0.0
-        tile_ids, tile_starts, tile_ends = varlen_work_lists(
-            cu_seqlens_q, cu_seqlens_k, num_q_heads, num_m_blocks, block_m, block_n, causal,
-            programs)
-        bound.run(q_desc=rebased_descriptor(q_desc, q.unsqueeze(0).permute(0, 2, 1, 3)),
-                  k_desc=rebased_descriptor(k_desc, k.unsqueeze(0).permute(0, 2, 1, 3)),
-                  v_desc=rebased_descriptor(v_desc, v.unsqueeze(0).permute(0, 2, 1, 3)),
-                  out_ptr=out.unsqueeze(0), lse_ptr=lse, tile_ids_ptr=tile_ids,
-                  tile_starts_ptr=tile_starts, tile_ends_ptr=tile_ends,
-                  cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k,
+        if packed:
+            q, k, v, out = (x.unsqueeze(0) for x in (q, k, v, out))
+            ids, starts, ends = varlen_work_lists(cu_seqlens_q, cu_seqlens_k, num_q_heads,
+                                                  num_m_blocks, block_m, block_n, causal,
+                                                  programs)
+            lists = dict(tile_ids_ptr=ids, tile_starts_ptr=starts, tile_ends_ptr=ends,
+                         cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k)
+        else:
+            lists = dict(tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts)
+        bound.run(q_desc=rebased_descriptor(q_desc, q.permute(0, 2, 1, 3)),
+                  k_desc=rebased_descriptor(k_desc, k.permute(0, 2, 1, 3)),
+                  v_desc=rebased_descriptor(v_desc, v.permute(0, 2, 1, 3)),
+                  out_ptr=out, lse_ptr=lse, **lists,
                   mod_args=mod_args if score_mod is not None else (),
                   softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
                   softcap_in=softmax_scale / softcap if softcap > 0 else 0.0)
