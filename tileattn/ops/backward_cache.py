@@ -18,7 +18,7 @@ import torch
 from ..kernels.attention import bwd
 from ..kernels.gluon_common import rebased_descriptor
 from ..kernels.runtime import KernelLaunch, is_tma_descriptor
-from .call_cache import CallCache
+from .call_cache import CallCache, tensor_key
 
 # Kernel argument name -> the backward call's tensor it holds (descriptors: a [B, H, S, D]
 # view of it, as sm90_bwd._common_args makes them).
@@ -31,16 +31,6 @@ _ROLES = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "out_ptr": "out", "do_ptr": 
 CALLS = CallCache()
 
 
-def _key(x):
-    """A tensor's part of a signature (tensor_key's, requires_grad allowed: the backward
-    reads its saved inputs, which do); None for what the cache does not take."""
-    if x is None:
-        return ()
-    if type(x) is torch.Tensor and x.is_cuda:
-        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
-    return None
-
-
 def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: float,
               window_left: int, window_right: int, softcap: float, alibi_slopes,
               deterministic: bool, settings, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -51,7 +41,7 @@ def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: flo
     parts = [causal, float(softmax_scale), window_left, window_right, deterministic, settings,
              max_seqlen_q, max_seqlen_k, softcap > 0]
     for x in (dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-        key = _key(x)
+        key = tensor_key(x, grad_ok=True)
         if key is None:
             return None
         parts.append(key)

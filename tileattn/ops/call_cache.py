@@ -14,12 +14,13 @@ import torch
 _MAX_ENTRIES = 1024
 
 
-def tensor_key(x):
+def tensor_key(x, grad_ok: bool = False):
     """The part of a signature one tensor argument contributes; None for a value the cache
-    does not take (anything but a plain CUDA tensor that does not require grad)."""
+    does not take (anything but a plain CUDA tensor that does not require grad; grad_ok: that
+    may, as the backward's saved inputs do)."""
     if x is None:
         return ()
-    if type(x) is torch.Tensor and x.is_cuda and not x.requires_grad:
+    if type(x) is torch.Tensor and x.is_cuda and (grad_ok or not x.requires_grad):
         return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16)
     return None
 
