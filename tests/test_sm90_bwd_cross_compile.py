@@ -14,13 +14,13 @@ import torch
 
 from tileattn import dispatch
 from tileattn.arch import arch_for_capability
-from tileattn.kernels.attention import bwd, sm90_bwd
+from tileattn.kernels.attention import bwd, sm90_bwd, sm90_bwd_fused
 
 from .compile_helpers import run_without_interpreter
 
 CHILD = r'''
 import json, os, re, subprocess, tempfile, torch, triton
-from tileattn.kernels.attention import sm90_bwd
+from tileattn.kernels.attention import sm90_bwd, sm90_bwd_fused
 from tileattn.kernels.compile import cross_compile_sm90
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -46,25 +46,53 @@ def compile_case(kernel, head_dim, head_dim_v, causal, dtype):
             "tma": c.asm["ptx"].count("cp.async.bulk.tensor"),
             "local": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
 
-rows = {}
+rows, fused = {}, {}
 for kernel in ("dkdv", "dq"):
     for d, dv in ((128, 128), (96, 96), (128, 64)):
         for causal in (False, True):
             rows[f"{kernel}-bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
                 kernel, d, dv, causal, torch.bfloat16)
     rows[f"{kernel}-fp16-D128-Dv128-causal"] = compile_case(kernel, 128, 128, True, torch.float16)
+for d, causal in ((128, False), (128, True), (96, True)):
+    q = torch.empty(2, 1000, 4, d, dtype=torch.bfloat16)
+    k = torch.empty(2, 1100, 2, d, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 1000)
+    c = cross_compile_sm90(sm90_bwd_fused.fused_sm90_launch(
+        q, k, k, q, lse, lse, torch.empty(q.shape), k, k, causal=causal, softmax_scale=0.1), 90)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(c.asm["cubin"]); f.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    fused[f"D{d}-{'causal' if causal else 'full'}"] = {
+        "shared": c.metadata.shared, "hgmma": sass.count("HGMMA"),
+        "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
+        "setmaxnreg": c.asm["ptx"].count("setmaxnreg")}
 # dQ alone has rows at 256 (and head dims that pad to it).
 for d, dv in ((256, 256), (192, 128)):
     rows[f"dq-bf16-D{d}-Dv{dv}-causal"] = compile_case("dq", d, dv, True, torch.bfloat16)
-print(json.dumps(rows))
+print(json.dumps({"rows": rows, "fused": fused}))
 '''
 
 SM90_SHARED_BYTES = 232448
 
 
 @pytest.fixture(scope="module")
-def compiled():
+def compiled_all():
     return run_without_interpreter(CHILD)
+
+
+@pytest.fixture(scope="module")
+def compiled(compiled_all):
+    return compiled_all["rows"]
+
+
+def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_all):
+    # Each compute warpgroup: sᵀ, dPᵀ (8 k-steps each at D=128), dV, dK (4: 64 queries), dS K
+    # (8: 128 keys); dQ leaves by TMA reductions; the workers give registers back.
+    assert len(compiled_all["fused"]) == 3
+    for name, row in compiled_all["fused"].items():
+        assert row["shared"] <= SM90_SHARED_BYTES, (name, row)
+        assert row["hgmma"] == 2 * (8 + 8 + 4 + 4 + 8), (name, row)
+        assert row["reductions"] >= 1 and row["setmaxnreg"] >= 2, (name, row)
 
 
 def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
@@ -82,11 +110,12 @@ def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):
         assert row["local"] <= 8, (name, row)   # ptxas: at most an 8-byte spill (causal dK/dV)
 
 
-def _launch_kernels(arch_name, head_dim=128, causal=True, kernel="sm90", **options):
+def _launch_kernels(arch_name, head_dim=128, causal=True, kernel="sm90", seqlen_q=300,
+                    **options):
     arch = arch_for_capability({"sm90": (9, 0), "sm80": (8, 0)}[arch_name])
-    q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+    q = torch.empty(2, seqlen_q, 4, head_dim, dtype=torch.bfloat16)
     k = torch.empty(2, 300, 2, head_dim, dtype=torch.bfloat16)
-    lse = torch.empty(2, 4, 300)
+    lse = torch.empty(2, 4, seqlen_q)
     delta, dq_accum = bwd.backward_workspace(q, lse, options.pop("deterministic", True))
     launches = bwd.backward_launches(
         q, k, k, q, lse, q, q, k, k, delta, dq_accum, causal=causal, softmax_scale=0.1,
@@ -107,7 +136,14 @@ def test_the_sm90_backward_runs_the_gluon_kernels_where_they_apply():
     assert gluon not in _launch_kernels("sm80")
     assert gluon not in _launch_kernels("sm90", head_dim=64)      # no row: portable wins there
     assert gluon not in _launch_kernels("sm90", window_left=100)
-    assert gluon not in _launch_kernels("sm90", deterministic=False)   # atomic dQ
+    assert gluon not in _launch_kernels("sm90", deterministic=False)   # dQ added by the kernel
+    fused = sm90_bwd_fused.attention_bwd_fused_sm90_kernel
+    assert fused in _launch_kernels("sm90", deterministic=False)
+    assert fused in _launch_kernels("sm90", head_dim=96, deterministic=False)
+    assert fused not in _launch_kernels("sm90", head_dim=64, deterministic=False)
+    assert fused not in _launch_kernels("sm90", seqlen_q=301, deterministic=False)  # lse by TMA
+    assert fused not in _launch_kernels("sm90", kernel="portable", deterministic=False)
+    assert fused not in _launch_kernels("sm90")
     assert gluon not in _launch_kernels("sm90", kernel="portable")
     assert gluon not in _launch_kernels("sm90", dkdv_tiles=bwd.dkdv_config(
         arch_for_capability((9, 0)), 128, 128))

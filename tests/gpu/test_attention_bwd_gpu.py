@@ -117,3 +117,31 @@ def test_hopper_and_portable_kernels_agree(case, dtype):
     check_gradients(problem, portable, tolerance)
     for a, b in zip(hopper, portable):
         assert relative_error(a, b.double()) < tolerance
+
+
+# The fused Hopper backward (sm90_bwd_fused.py) runs non-deterministic calls it supports:
+# seqlen_q a multiple of 4 (lse is read by TMA), padded D = 128.
+FUSED_CASES = [
+    BackwardCase(2, 1000, 1100, 8, 2, 128, 128, causal=True),   # GQA, causal with Sq != Sk
+    BackwardCase(1, 3000, 20, 4, 2, 128, 128, causal=True),     # rows that see no key
+    BackwardCase(1, 20, 3000, 4, 1, 96, 96, causal=True),       # padded head dim
+    BackwardCase(2, 1028, 999, 4, 4, 128, 128),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("case", FUSED_CASES, ids=str)
+def test_hopper_fused_backward(case):
+    from tileattn.arch import arch_of
+    from tileattn.kernels.attention import bwd, sm90_bwd_fused
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=7)
+    delta, dq_accum = bwd.backward_workspace(problem.q, problem.lse, False)
+    launches = bwd.backward_launches(
+        problem.q, problem.k, problem.v, problem.out, problem.lse, problem.dout, problem.q,
+        problem.k, problem.v, delta, dq_accum, causal=case.causal,
+        softmax_scale=problem.softmax_scale, window_left=-1, window_right=-1,
+        arch=arch_of(problem.q.device), kernel="sm90")
+    assert sm90_bwd_fused.attention_bwd_fused_sm90_kernel in [x.kernel for x in launches]
+    grads = run_backward(problem, deterministic=False, kernel="sm90")
+    check_gradients(problem, grads, GRAD_TOLERANCES[torch.bfloat16])

@@ -5,11 +5,13 @@ online-softmax step of one score block (attention/sm90*.py, mla/sm90*.py)."""
 from __future__ import annotations
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 
 GL_DTYPES = {
-    torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+    torch.float32: gl.float32, torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
     torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5,
 }
 
@@ -40,6 +42,17 @@ def rebased_descriptor(descriptor, base: torch.Tensor | None):
     new.__dict__.update(descriptor.__dict__)
     new.base = base
     return new
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile src into tensor_desc's box at coord by one TMA reduction
+    (cp.reduce.async.bulk.tensor .add; elements outside the tensor are dropped). Triton 3.6's
+    Gluon has the builder op but no wrapper; this mirrors tma.async_copy_shared_to_global: the
+    caller fences its stores to src first and waits with tma.store_wait before reusing src."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              coord, src.handle)
 
 
 def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:

@@ -11,7 +11,9 @@ Launch order:
      second pass over the keys with a fixed order of additions.
 
 On Hopper (kernel="sm90") dense calls without windows or hooks run steps 2 and 3 as the
-Gluon kernels of sm90_bwd.py where their tables have a row for the head dims.
+Gluon kernels of sm90_bwd.py where their tables have a row for the head dims; with the atomic
+dQ, step 2 is sm90_bwd_fused.py's warp-specialized kernel (dQ by TMA reductions) where it
+supports the inputs.
 
 With a block mask (flex_attention's BlockMask, as flex.block_mask.BlockMaskTensors with its
 transposed lists) the dQ kernel walks each query block's listed key blocks and the dK/dV
@@ -30,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ...arch import Arch
-from . import sm90_bwd
+from . import sm90_bwd, sm90_bwd_fused
 from .bwd_dkdv import attention_bwd_dkdv_kernel
 from .bwd_dq import attention_bwd_dq_kernel
 from .bwd_scores import packed_rows
@@ -208,12 +210,12 @@ def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
     return delta, dq_accum
 
 
-def gluon_applies(q, k, v, dout, arch: Arch, atomic_dq: bool, is_varlen: bool, block_mask,
+def gluon_applies(q, k, v, dout, arch: Arch, is_varlen: bool, block_mask,
                   score_mod, mask_mod, window_left: int, window_right: int) -> bool:
-    """Whether sm90_bwd's Gluon kernels can compute this call: sm90, dense, fixed-order dQ, no
-    hooks, block mask or window but causal's, inputs sm90_bwd.supports() accepts (each kernel
-    then runs where its table has a row for the head dims)."""
-    return (arch.name == "sm90" and not atomic_dq and not is_varlen and block_mask is None
+    """Whether sm90_bwd's Gluon kernels can compute this call: sm90, dense, no hooks, block
+    mask or window but causal's, inputs sm90_bwd.supports() accepts (each kernel then runs
+    where its table has a row for the head dims)."""
+    return (arch.name == "sm90" and not is_varlen and block_mask is None
             and score_mod is None and mask_mod is None and window_left < 0
             and window_right in (-1, 0) and sm90_bwd.supports(q, k, v, dout))
 
@@ -298,12 +300,15 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
     masks = dict(BOUNDED_LEFT=window_left >= 0, BOUNDED_RIGHT=window_right >= 0,
                  SCORE_MOD=score_mod, SCORE_MOD_GRAD=score_mod_grad, MASK_MOD=mask_mod)
     assert kernel in ("portable", "sm90"), kernel
-    hopper = kernel == "sm90" and gluon_applies(q, k, v, dout, arch, atomic_dq, is_varlen,
-                                                 block_mask, score_mod, mask_mod, window_left,
-                                                 window_right)
+    hopper = kernel == "sm90" and gluon_applies(q, k, v, dout, arch, is_varlen, block_mask,
+                                                 score_mod, mask_mod, window_left, window_right)
     width = sm90_bwd.width(q, v)
     shared = {}     # the Gluon kernels' common arguments, made once where their tiles match
-    if hopper and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
+    if hopper and atomic_dq and dkdv_tiles_given is None and sm90_bwd_fused.supports(q, v, lse):
+        dkdv = sm90_bwd_fused.fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv,
+                                                causal=window_right == 0,
+                                                softmax_scale=softmax_scale)
+    elif hopper and not atomic_dq and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
         dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
                                          causal=window_right == 0, softmax_scale=softmax_scale,
                                          shared=shared)

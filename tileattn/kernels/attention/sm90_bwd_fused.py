@@ -1,0 +1,294 @@
+"""The Hopper (sm90) attention backward in one Gluon kernel: dK and dV as sm90_bwd.py's dK/dV
+kernel, and dQ added by TMA reductions into an fp32 buffer (FlashAttention-3's split of roles),
+so a backward runs five products where the dK/dV kernel plus the dQ pass run seven.
+
+A program owns BLOCK_N = 128 keys of one (sequence, kv head) and walks the query tiles
+(BLOCK_M rows) of its GQA group's heads, head-major. Four partitions:
+  * two compute warpgroups (HALF 0 and 1), each the 64 keys of its half: per query tile
+        sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(sᵀ·scale·log2 e − lse·log2 e),
+        dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − delta), dK += dSᵀ Q        (its 64 keys)
+        dQ[:, half's columns] = dS K[:, half's columns]            (all 128 keys)
+    dSᵀ goes through shared memory (each warpgroup writes its 64 key rows, both read all of it as
+    the transposed A operand of dS K), dQ through one of two fp32 buffers;
+  * a loader warp: K and V once, then Q, dO, lse and delta of each query tile into a ring of
+    NUM_STAGES stages (ready / empty mbarriers);
+  * a dQ warp: one TMA reduction (add) a query tile from the buffer the warpgroups filled into
+    dq_accum, the buffer released once the reduction has read it.
+The order of dQ's additions across programs is not fixed: not deterministic.
+
+Scope: sm90_bwd.supports()'s dense inputs, causal (bottom-right) or not, FUSED_CONFIGS' padded
+head dims; lse and delta TMA-addressable (seqlen_q a multiple of 4). Query rows past the end
+read zeros for Q, dO, lse and delta (TMA's fill): with dO = 0 they add nothing. Key rows past
+the end are computed, never stored. dq_accum: fp32 with q's shape, contiguous, zeroed;
+dq = softmax_scale · dq_accum afterwards (bwd.py's convert kernel).
+
+No `from __future__ import annotations` here (Gluon reads annotations as classes).
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from ..gluon_common import tma_reduce_add, tma_ready
+from ..runtime import KernelLaunch
+from .configs import padded_head_dim
+from .sm90 import LOG2_E, _descriptor
+from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, width
+
+# Padded head dim -> (keys a program (64 a compute warpgroup), queries a step, Q/dO ring stages).
+FUSED_CONFIGS = {128: (128, 64, 2)}
+COMPUTE_REGS = gl.constexpr(240)
+WORKER_REGS = gl.constexpr(24)
+
+
+@gluon.jit
+def _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M: gl.constexpr):
+    """(query head, first query row) of step i: head-major over the GQA group's heads."""
+    head = kv_head * gqa_group_size + i // steps_per_head
+    return head, (first_m + i % steps_per_head) * BLOCK_M
+
+
+@gluon.jit
+def _loader_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
+                      q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty, batch,
+                      kv_head, start_n, first_m, steps_per_head, total, gqa_group_size):
+    """TMA copies: K and V once, then every step's Q, dO, lse and delta into its ring stage."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    mbarrier.expect(kv_ready.index(0), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], kv_ready.index(0),
+                                    k_smem)
+    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], kv_ready.index(0),
+                                    v_smem)
+    for i in range(total):
+        stage = i % NUM_STAGES
+        head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
+        mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+        bar = ready.index(stage)
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], bar, q_smem.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], bar, do_smem.index(stage))
+        tma.async_copy_global_to_shared(lse_desc, [batch, head, row], bar, lse_smem.index(stage))
+        tma.async_copy_global_to_shared(delta_desc, [batch, head, row], bar,
+                                        delta_smem.index(stage))
+
+
+@gluon.jit
+def _dq_partition(dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m, steps_per_head,
+                  total, gqa_group_size):
+    """One TMA reduction a step from the dQ buffer both warpgroups filled; a buffer is released
+    once its reduction has read it (the next step's reduction issued first)."""
+    BLOCK_M: gl.constexpr = dq_desc.block_type.shape[2]
+    for i in range(total):
+        buffer = i % 2
+        head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
+        mbarrier.wait(dq_full.index(buffer), (i // 2) & 1)
+        tma_reduce_add(dq_desc, [batch, head, row, 0], dq_smem.index(buffer))
+        tma.store_wait(1)
+        if i > 0:
+            mbarrier.arrive(dq_empty.index(1 - buffer), count=1)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                       kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty,
+                       dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                       stride_dvs, stride_dvh, batch, kv_head, start_n, first_m, steps_per_head,
+                       total, gqa_group_size, seqlen_k, shift, softmax_scale, softmax_scale_log2,
+                       HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
+                       HALF: gl.constexpr):
+    """Compute warpgroup HALF: keys start_n + 64·HALF.. of the program (module docstring)."""
+    BLOCK_N: gl.constexpr = k_smem.shape[2]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    D: gl.constexpr = k_smem.shape[3]
+    DV: gl.constexpr = v_smem.shape[3]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    ROWS: gl.constexpr = BLOCK_N // 2
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = _mma_layout(4, BLOCK_M, dtype)
+    dk_layout: gl.constexpr = _mma_layout(4, D, dtype)
+    dv_layout: gl.constexpr = _mma_layout(4, DV, dtype)
+    dq_layout: gl.constexpr = _mma_layout(4, D // 2, dtype)
+
+    first_key = start_n + HALF * ROWS
+    k_op = k_smem.reshape([BLOCK_N, D]).slice(HALF * ROWS, ROWS, dim=0)
+    v_op = v_smem.reshape([BLOCK_N, DV]).slice(HALF * ROWS, ROWS, dim=0)
+    k_columns = k_smem.reshape([BLOCK_N, D]).slice(HALF * (D // 2), D // 2, dim=1)
+    ds_rows = ds_smem.slice(HALF * ROWS, ROWS, dim=0)
+    keys = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=dq_layout)
+    dk = gl.zeros([ROWS, D], gl.float32, layout=dk_layout)
+    dv = gl.zeros([ROWS, DV], gl.float32, layout=dv_layout)
+    mbarrier.wait(kv_ready.index(0), 0)
+    for i in range(total):
+        stage = i % NUM_STAGES
+        first_q = (first_m + i % steps_per_head) * BLOCK_M
+        mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+        q_op = q_smem.index(stage).reshape([BLOCK_M, D])
+        do_op = do_smem.index(stage).reshape([BLOCK_M, DV])
+        s_t = warpgroup_mma(k_op, q_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v_op, do_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_t = warpgroup_mma_wait(1, deps=(s_t,))
+        # A row that saw no key (lse -inf) gets P = 0.
+        lse = lse_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
+        lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        p_t = gl.exp2(s_t * softmax_scale_log2 - gl.expand_dims(lse_log2, 0))
+        if CAUSAL:
+            # Only tiles whose first query misses this half's last key cross the diagonal.
+            if first_q + shift < first_key + ROWS - 1:
+                queries = first_q + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + shift, 0)
+                p_t = gl.where(visible, p_t, 0.0)
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), _a_operand_layout(dv_layout, dtype)),
+                           do_op, dv, is_async=True)
+        delta = delta_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
+        # Groups retire in order: one in flight (dV) means dPᵀ is done.
+        dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
+        ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
+        # dSᵀ's buffer: both warpgroups' dS K of the last step have read it.
+        mbarrier.wait(ds_free.index(0), (i & 1) ^ 1)
+        ds_rows.store(ds_t)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(0), count=1)
+        dk = warpgroup_mma(gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype)), q_op,
+                           dk, is_async=True)
+        mbarrier.wait(ds_ready.index(0), i & 1)
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_columns, dq_zero, use_acc=False,
+                           is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+        mbarrier.arrive(ds_free.index(0), count=1)
+        mbarrier.arrive(empty.index(stage), count=1)
+        buffer = i % 2
+        mbarrier.wait(dq_empty.index(buffer), ((i // 2) & 1) ^ 1)
+        dq_smem.index(buffer).reshape([BLOCK_M, D]).slice(HALF * (D // 2), D // 2,
+                                                          dim=1).store(dq)
+        fence_async_shared()
+        mbarrier.arrive(dq_full.index(buffer), count=1)
+
+    # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
+    _store_rows(dk_ptr, dk * softmax_scale, first_key, seqlen_k, batch, kv_head, stride_dkb,
+                stride_dks, stride_dkh, HEAD_DIM)
+    _store_rows(dv_ptr, dv, first_key, seqlen_k, batch, kv_head, stride_dvb, stride_dvs,
+                stride_dvh, HEAD_DIM_V)
+
+
+@gluon.jit
+def attention_bwd_fused_sm90_kernel(
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_ptr, dv_ptr,
+    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+    seqlen_q, seqlen_k, gqa_group_size, softmax_scale, softmax_scale_log2,
+    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+):
+    """Grid (key blocks of BLOCK_N, num_kv_heads, batch); 4 warps (a compute warpgroup) plus
+    the workers.
+    Descriptors: q, k, v, dout, dq_accum as [batch, heads, seqlen, padded head dim] views with
+    boxes [1, 1, rows, padded head dim] (BLOCK_N rows for K, V; BLOCK_M for the others); lse,
+    delta [batch, num_q_heads, seqlen_q] with boxes [1, 1, BLOCK_M]. HEAD_DIM, HEAD_DIM_V: the
+    real head dims (stores mask the padding)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    dtype: gl.constexpr = q_desc.dtype
+    start_n = gl.program_id(0) * BLOCK_N
+    kv_head = gl.program_id(1)
+    batch = gl.program_id(2)
+    # Bottom-right causal: query i sees key j <= i + shift, so the first query tile that sees
+    # any of this block's keys starts at (start_n - shift) // BLOCK_M.
+    shift = seqlen_k - seqlen_q
+    first_m = 0
+    if CAUSAL:
+        first_m = gl.maximum(start_n - shift, 0) // BLOCK_M
+    steps_per_head = gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first_m, 0)
+    total = steps_per_head * gqa_group_size
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + lse_desc.block_type.shape,
+                                         lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32,
+                                           [NUM_STAGES] + delta_desc.block_type.shape,
+                                           delta_desc.layout)
+    ds_smem = gl.allocate_shared_memory(
+        dtype, [BLOCK_N, BLOCK_M], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
+                                        dq_desc.layout)
+    kv_ready = _barriers(1)
+    ready = _barriers(NUM_STAGES)
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(empty.index(s), count=2)
+    ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(ds_ready.index(0), count=2)
+    mbarrier.init(ds_free.index(0), count=2)
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = _barriers(2)
+    for b in gl.static_range(2):
+        mbarrier.init(dq_full.index(b), count=2)
+
+    # The first compute warpgroup is the default partition: a worker partition of 4 warps gets
+    # the kernel's launch register limit and spills.
+    gl.warp_specialize([
+        (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
+                              dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
+                              dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
+                              stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
+                              first_m, steps_per_head, total, gqa_group_size, seqlen_k, shift,
+                              softmax_scale, softmax_scale_log2, HEAD_DIM, HEAD_DIM_V, CAUSAL,
+                              0)),
+        (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
+                              dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
+                              dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
+                              stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
+                              first_m, steps_per_head, total, gqa_group_size, seqlen_k, shift,
+                              softmax_scale, softmax_scale_log2, HEAD_DIM, HEAD_DIM_V, CAUSAL,
+                              1)),
+        (_loader_partition, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem,
+                             v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
+                             empty, batch, kv_head, start_n, first_m, steps_per_head, total,
+                             gqa_group_size)),
+        (_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m,
+                         steps_per_head, total, gqa_group_size)),
+    ], [4, 1, 1], [COMPUTE_REGS, WORKER_REGS, WORKER_REGS])
+
+
+def supports(q: torch.Tensor, v: torch.Tensor, lse: torch.Tensor) -> bool:
+    """Whether the fused kernel takes these (sm90_bwd.supports()'s) inputs: a FUSED_CONFIGS row
+    for the padded head dims, Dv padded as D (dQ's buffer is D wide), lse TMA-addressable."""
+    return (width(q, v) in FUSED_CONFIGS and padded_head_dim(q.shape[3]) == width(q, v)
+            and tma_ready(lse, (0, 1)))
+
+
+def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bool,
+                      softmax_scale: float,
+                      config: tuple[int, int, int] | None = None) -> KernelLaunch:
+    """The launch for inputs supports() accepted; lse, delta [B, Hq, Sq] contiguous float32;
+    dq_accum fp32 with q's shape, contiguous, zeroed. config: a FUSED_CONFIGS-style row."""
+    block_n, block_m, num_stages = config or FUSED_CONFIGS[width(q, v)]
+    dim, dim_v = padded_head_dim(q.shape[3]), padded_head_dim(v.shape[3])
+    args = dict(
+        q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
+        k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
+        v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
+        do_desc=_descriptor(dout.permute(0, 2, 1, 3), [1, 1, block_m, dim_v]),
+        lse_desc=_descriptor(lse, [1, 1, block_m]),
+        delta_desc=_descriptor(delta, [1, 1, block_m]),
+        dq_desc=_descriptor(dq_accum.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
+        dk_ptr=dk, dv_ptr=dv,
+        stride_dkb=dk.stride(0), stride_dks=dk.stride(1), stride_dkh=dk.stride(2),
+        stride_dvb=dv.stride(0), stride_dvs=dv.stride(1), stride_dvh=dv.stride(2),
+        seqlen_q=q.shape[1], seqlen_k=k.shape[1], gqa_group_size=q.shape[2] // k.shape[2],
+        softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E)
+    constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
+                      NUM_STAGES=num_stages)
+    grid = (-(-k.shape[1] // block_n), k.shape[2], q.shape[0])
+    return KernelLaunch(attention_bwd_fused_sm90_kernel, grid, args, constexprs, 4, 1)
