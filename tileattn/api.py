@@ -45,8 +45,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1)
 
     Differentiable for fp16/bf16 inputs (q, k, v; lse too): the backward recomputes P from the
     saved out and lse (FlashAttention's memory; extra: 4 bytes per query row and head).
-    deterministic is accepted for FlashAttention compatibility: tileattn's backward always
-    accumulates dq in a fixed order (a separate pass measured faster than atomics on H100).
+    deterministic=True accumulates dq in a fixed order (a separate pass over the keys); the
+    default lets Hopper's fused backward add dq by fp32 reductions where it runs (faster
+    there; the order of additions varies run to run), and elsewhere also runs the pass.
     FP8 inputs are forward-only.
 
     Tensors must be on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1 set before import

@@ -4,9 +4,10 @@ and tileattn::attention_varlen, and the same autograd as Functions for eager cal
 
 FlashAttention's memory rule: the forward saves q, k, v, out and lse only (out and lse are the
 forward's own outputs), and the backward recomputes P block by block. Its extra memory is
-delta (4 bytes per query row and head), plus an fp32 copy of dq's shape
-only in the atomic-dQ variant (kernels/attention/bwd.py), which the benchmarks compare and
-the ops do not run: the deterministic dQ pass was faster on the H100.
+delta (4 bytes per query row and head), plus an fp32 copy of dq's shape where dQ is added by
+reductions: only for non-deterministic calls that the fused Hopper kernel runs
+(bwd.fused_applies), which beat the fixed-order dQ pass on the H100; everywhere else the
+fixed-order pass runs, which beat the portable kernels' fp32 atomics.
 """
 
 from __future__ import annotations
@@ -34,12 +35,10 @@ def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Te
     lse, dout = lse.contiguous(), dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
     settings = dispatch.current()
-    # The fixed-order dQ pass measured faster than fp32 atomics at every point of the H100
-    # backward grid (docs/design.md, "Backward"): every backward is deterministic.
     key = backward_cache.signature(
         dout, dlse, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
         window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, deterministic=True, settings=settings,
+        alibi_slopes=alibi_slopes, deterministic=deterministic, settings=settings,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k)
     score_mod, score_mod_grad, mod_args = mods.builtin(softcap, alibi_slopes)
@@ -55,21 +54,28 @@ def backward_impl(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Te
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max(max_seqlen_k, 1))
     arch = arch_of(q.device)
-    delta, dq_accum = bwd.backward_workspace(q, lse, True)
+    kernel = dispatch.backward_kernel(arch, settings)
+    # dQ by the fused Hopper kernel's reductions where it runs (docs/design.md, "Backward");
+    # elsewhere the fixed-order pass, which beat fp32 atomics at every point measured.
+    deterministic = deterministic or not bwd.fused_applies(
+        q, k, v, dout, lse, arch, kernel, is_varlen=cu_seqlens_q is not None,
+        score_mod=score_mod, window_left=window_left,
+        window_right=0 if causal else window_right)
+    delta, dq_accum = bwd.backward_workspace(q, lse, deterministic)
     with on_device(q.device):
         launches = bwd.backward_launches(
             q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, causal=causal, dlse=dlse,
             softmax_scale=softmax_scale, window_left=window_left,
             window_right=0 if causal else window_right, score_mod=score_mod,
             score_mod_grad=score_mod_grad, mod_args=mod_args, arch=arch,
-            kernel=dispatch.backward_kernel(arch, settings), **varlen)
+            kernel=kernel, **varlen)
         for launch in launches:
             launch.run()
     if key is not None:
         call = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk, dv=dv,
                     delta=delta, dq_accum=dq_accum, cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_k=cu_seqlens_k, mod_args=mod_args)
-        backward_cache.CALLS.put(key, backward_cache.make_replay(launches, call, True))
+        backward_cache.CALLS.put(key, backward_cache.make_replay(launches, call, deterministic))
     return dq, dk, dv
 
 

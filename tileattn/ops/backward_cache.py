@@ -20,12 +20,13 @@ from ..kernels.gluon_common import rebased_descriptor
 from ..kernels.runtime import KernelLaunch, is_tma_descriptor
 from .call_cache import CallCache, tensor_key
 
-# Kernel argument name -> the backward call's tensor it holds (descriptors: a [B, H, S, D]
-# view of it, as sm90_bwd._common_args makes them).
+# Kernel argument name -> the backward call's tensor it holds (descriptors: _view of it, as
+# sm90_bwd._common_args and sm90_bwd_fused make them).
 _ROLES = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "out_ptr": "out", "do_ptr": "dout",
           "dlse_ptr": "dlse", "lse_ptr": "lse", "delta_ptr": "delta",
           "dq_accum_ptr": "dq_accum", "dq_ptr": "dq", "dk_ptr": "dk", "dv_ptr": "dv",
           "q_desc": "q", "k_desc": "k", "v_desc": "v", "do_desc": "dout",
+          "lse_desc": "lse", "delta_desc": "delta", "dq_desc": "dq_accum",
           "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k"}
 
 CALLS = CallCache()
@@ -49,7 +50,9 @@ def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: flo
 
 
 def _view(x: torch.Tensor) -> torch.Tensor:
-    return x.permute(0, 2, 1, 3)
+    """What a descriptor of this role spans: [B, S, H, D] tensors as [B, H, S, D]; lse and
+    delta ([B, H, S]) as they are."""
+    return x.permute(0, 2, 1, 3) if x.dim() == 4 else x
 
 
 def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,

@@ -220,6 +220,16 @@ def gluon_applies(q, k, v, dout, arch: Arch, is_varlen: bool, block_mask,
             and window_right in (-1, 0) and sm90_bwd.supports(q, k, v, dout))
 
 
+def fused_applies(q, k, v, dout, lse, arch: Arch, kernel: str, *, is_varlen: bool, score_mod,
+                  window_left: int, window_right: int) -> bool:
+    """Whether a non-deterministic backward of these dense inputs runs sm90_bwd_fused's kernel
+    (kernel: dispatch.backward_kernel's choice): the ops then take the atomic dQ, elsewhere the
+    fixed-order pass."""
+    return (kernel == "sm90" and gluon_applies(q, k, v, dout, arch, is_varlen, None, score_mod,
+                                               None, window_left, window_right)
+            and sm90_bwd_fused.supports(q, v, lse))
+
+
 def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, causal: bool,
                       dlse=None,
                       softmax_scale: float, window_left: int, window_right: int,

@@ -59,9 +59,9 @@ def _loader_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_s
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
     mbarrier.expect(kv_ready.index(0), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], kv_ready.index(0),
-                                    k_smem)
+                                    k_smem.index(0))
     tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], kv_ready.index(0),
-                                    v_smem)
+                                    v_smem.index(0))
     for i in range(total):
         stage = i % NUM_STAGES
         head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
@@ -99,13 +99,13 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
                        dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb,
                        stride_dvs, stride_dvh, batch, kv_head, start_n, first_m, steps_per_head,
                        total, gqa_group_size, seqlen_k, shift, softmax_scale, softmax_scale_log2,
-                       HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
+                       zero, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
                        HALF: gl.constexpr):
     """Compute warpgroup HALF: keys start_n + 64·HALF.. of the program (module docstring)."""
-    BLOCK_N: gl.constexpr = k_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
-    D: gl.constexpr = k_smem.shape[3]
-    DV: gl.constexpr = v_smem.shape[3]
+    D: gl.constexpr = k_smem.shape[4]
+    DV: gl.constexpr = v_smem.shape[4]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
     ROWS: gl.constexpr = BLOCK_N // 2
     dtype: gl.constexpr = k_smem.dtype
@@ -115,10 +115,6 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
     dq_layout: gl.constexpr = _mma_layout(4, D // 2, dtype)
 
     first_key = start_n + HALF * ROWS
-    k_op = k_smem.reshape([BLOCK_N, D]).slice(HALF * ROWS, ROWS, dim=0)
-    v_op = v_smem.reshape([BLOCK_N, DV]).slice(HALF * ROWS, ROWS, dim=0)
-    k_columns = k_smem.reshape([BLOCK_N, D]).slice(HALF * (D // 2), D // 2, dim=1)
-    ds_rows = ds_smem.slice(HALF * ROWS, ROWS, dim=0)
     keys = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=dq_layout)
@@ -128,6 +124,16 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
     for i in range(total):
         stage = i % NUM_STAGES
         first_q = (first_m + i % steps_per_head) * BLOCK_M
+        # The operands that stay are addressed from `kept` = min(i, zero) = 0, which the
+        # compiler cannot hoist: hoisted, their wgmma descriptors (32 a warpgroup) held
+        # registers across the loop and spilled.
+        kept = gl.minimum(i, zero)
+        k_tile = k_smem.index(kept).reshape([BLOCK_N, D])
+        k_op = k_tile.slice(HALF * ROWS, ROWS, dim=0)
+        v_op = v_smem.index(kept).reshape([BLOCK_N, DV]).slice(HALF * ROWS, ROWS, dim=0)
+        k_columns = k_tile.slice(HALF * (D // 2), D // 2, dim=1)
+        ds_tile = ds_smem.index(kept)
+        ds_rows = ds_tile.slice(HALF * ROWS, ROWS, dim=0)
         mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
         q_op = q_smem.index(stage).reshape([BLOCK_M, D])
         do_op = do_smem.index(stage).reshape([BLOCK_M, DV])
@@ -158,7 +164,7 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
         dk = warpgroup_mma(gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype)), q_op,
                            dk, is_async=True)
         mbarrier.wait(ds_ready.index(0), i & 1)
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_columns, dq_zero, use_acc=False,
+        dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
                            is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
         mbarrier.arrive(ds_free.index(0), count=1)
@@ -181,7 +187,7 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
 def attention_bwd_fused_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_ptr, dv_ptr,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-    seqlen_q, seqlen_k, gqa_group_size, softmax_scale, softmax_scale_log2,
+    seqlen_q, seqlen_k, gqa_group_size, softmax_scale, softmax_scale_log2, zero,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
     NUM_STAGES: gl.constexpr,
 ):
@@ -206,8 +212,9 @@ def attention_bwd_fused_sm90_kernel(
     steps_per_head = gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first_m, 0)
     total = steps_per_head * gqa_group_size
 
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    # K, V and dSᵀ have a leading dim of 1: the compute warpgroups index it (see `kept`).
+    k_smem = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape,
                                        q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape,
@@ -218,7 +225,8 @@ def attention_bwd_fused_sm90_kernel(
                                            [NUM_STAGES] + delta_desc.block_type.shape,
                                            delta_desc.layout)
     ds_smem = gl.allocate_shared_memory(
-        dtype, [BLOCK_N, BLOCK_M], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+        dtype, [1, BLOCK_N, BLOCK_M],
+        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
     kv_ready = _barriers(1)
@@ -243,14 +251,14 @@ def attention_bwd_fused_sm90_kernel(
                               dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
                               stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
                               first_m, steps_per_head, total, gqa_group_size, seqlen_k, shift,
-                              softmax_scale, softmax_scale_log2, HEAD_DIM, HEAD_DIM_V, CAUSAL,
+                              softmax_scale, softmax_scale_log2, zero, HEAD_DIM, HEAD_DIM_V, CAUSAL,
                               0)),
         (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                               dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
                               dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
                               stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
                               first_m, steps_per_head, total, gqa_group_size, seqlen_k, shift,
-                              softmax_scale, softmax_scale_log2, HEAD_DIM, HEAD_DIM_V, CAUSAL,
+                              softmax_scale, softmax_scale_log2, zero, HEAD_DIM, HEAD_DIM_V, CAUSAL,
                               1)),
         (_loader_partition, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem,
                              v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
@@ -287,7 +295,8 @@ def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bo
         stride_dkb=dk.stride(0), stride_dks=dk.stride(1), stride_dkh=dk.stride(2),
         stride_dvb=dv.stride(0), stride_dvs=dv.stride(1), stride_dvh=dv.stride(2),
         seqlen_q=q.shape[1], seqlen_k=k.shape[1], gqa_group_size=q.shape[2] // k.shape[2],
-        softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E)
+        softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E,
+        zero=0)
     constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
                       NUM_STAGES=num_stages)
     grid = (-(-k.shape[1] // block_n), k.shape[2], q.shape[0])
