@@ -53,7 +53,7 @@ for kernel in ("dkdv", "dq"):
             rows[f"{kernel}-bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
                 kernel, d, dv, causal, torch.bfloat16)
     rows[f"{kernel}-fp16-D128-Dv128-causal"] = compile_case(kernel, 128, 128, True, torch.float16)
-for d, causal in ((128, False), (128, True), (96, True)):
+for d, causal in ((128, False), (128, True), (96, True), (64, True)):
     q = torch.empty(2, 1000, 4, d, dtype=torch.bfloat16)
     k = torch.empty(2, 1100, 2, d, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
@@ -65,6 +65,7 @@ for d, causal in ((128, False), (128, True), (96, True)):
     fused[f"D{d}-{'causal' if causal else 'full'}"] = {
         "shared": c.metadata.shared, "hgmma": sass.count("HGMMA"),
         "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
+        "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
         "setmaxnreg": c.asm["ptx"].count("setmaxnreg")}
 # dQ alone has rows at 256 (and head dims that pad to it).
 for d, dv in ((256, 256), (192, 128)):
@@ -86,12 +87,14 @@ def compiled(compiled_all):
 
 
 def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_all):
-    # Each compute warpgroup: sᵀ, dPᵀ (8 k-steps each at D=128), dV, dK (4: 64 queries), dS K
-    # (8: 128 keys); dQ leaves by TMA reductions; the workers give registers back.
-    assert len(compiled_all["fused"]) == 3
+    # Each compute warpgroup: sᵀ, dPᵀ (D/16 k-steps each, D padded), dV, dK (4: 64 queries),
+    # dS K (8: 128 keys); dQ leaves by TMA reductions; the workers give registers back.
+    assert len(compiled_all["fused"]) == 4
     for name, row in compiled_all["fused"].items():
+        d = 1 << (int(name.split("-")[0][1:]) - 1).bit_length()
         assert row["shared"] <= SM90_SHARED_BYTES, (name, row)
-        assert row["hgmma"] == 2 * (8 + 8 + 4 + 4 + 8), (name, row)
+        assert row["hgmma"] == 2 * (d // 16 * 2 + 4 + 4 + 8), (name, row)
+        assert row["local"] == 0, (name, row)
         assert row["reductions"] >= 1 and row["setmaxnreg"] >= 2, (name, row)
 
 
@@ -140,7 +143,8 @@ def test_the_sm90_backward_runs_the_gluon_kernels_where_they_apply():
     fused = sm90_bwd_fused.attention_bwd_fused_sm90_kernel
     assert fused in _launch_kernels("sm90", deterministic=False)
     assert fused in _launch_kernels("sm90", head_dim=96, deterministic=False)
-    assert fused not in _launch_kernels("sm90", head_dim=64, deterministic=False)
+    assert fused in _launch_kernels("sm90", head_dim=64, deterministic=False)
+    assert fused not in _launch_kernels("sm90", head_dim=256, deterministic=False)
     assert fused not in _launch_kernels("sm90", seqlen_q=301, deterministic=False)  # lse by TMA
     assert fused not in _launch_kernels("sm90", kernel="portable", deterministic=False)
     assert fused not in _launch_kernels("sm90")

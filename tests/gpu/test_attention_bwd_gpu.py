@@ -120,12 +120,14 @@ def test_hopper_and_portable_kernels_agree(case, dtype):
 
 
 # The fused Hopper backward (sm90_bwd_fused.py) runs non-deterministic calls it supports:
-# seqlen_q a multiple of 4 (lse is read by TMA), padded D = 128.
+# seqlen_q a multiple of 4 (lse is read by TMA), padded D = 64 or 128.
 FUSED_CASES = [
     BackwardCase(2, 1000, 1100, 8, 2, 128, 128, causal=True),   # GQA, causal with Sq != Sk
     BackwardCase(1, 3000, 20, 4, 2, 128, 128, causal=True),     # rows that see no key
     BackwardCase(1, 20, 3000, 4, 1, 96, 96, causal=True),       # padded head dim
     BackwardCase(2, 1028, 999, 4, 4, 128, 128),
+    BackwardCase(2, 1000, 1100, 8, 2, 64, 64, causal=True),
+    BackwardCase(1, 500, 700, 2, 2, 48, 48),                    # pads to 64
 ]
 
 

@@ -17,7 +17,7 @@ A program owns BLOCK_N = 128 keys of one (sequence, kv head) and walks the query
 The order of dQ's additions across programs is not fixed: not deterministic.
 
 Scope: sm90_bwd.supports()'s dense inputs, causal (bottom-right) or not, FUSED_CONFIGS' padded
-head dims; lse and delta TMA-addressable (seqlen_q a multiple of 4). Query rows past the end
+head dims (64, 128; Dv padded alike); lse and delta TMA-addressable (seqlen_q a multiple of 4). Query rows past the end
 read zeros for Q, dO, lse and delta (TMA's fill): with dO = 0 they add nothing. Key rows past
 the end are computed, never stored. dq_accum: fp32 with q's shape, contiguous, zeroed;
 dq = softmax_scale · dq_accum afterwards (bwd.py's convert kernel).
@@ -38,7 +38,7 @@ from .sm90 import LOG2_E, _descriptor
 from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, width
 
 # Padded head dim -> (keys a program (64 a compute warpgroup), queries a step, Q/dO ring stages).
-FUSED_CONFIGS = {128: (128, 64, 2)}
+FUSED_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
 COMPUTE_REGS = gl.constexpr(240)
 WORKER_REGS = gl.constexpr(24)
 
