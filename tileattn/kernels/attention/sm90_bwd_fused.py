@@ -244,7 +244,8 @@ def attention_bwd_fused_sm90_kernel(
         mbarrier.init(dq_full.index(b), count=2)
 
     # The first compute warpgroup is the default partition: a worker partition of 4 warps gets
-    # the kernel's launch register limit and spills.
+    # the kernel's launch register limit and spills. The two argument tuples are spelled out:
+    # a tuple held in a variable turns its constexprs into runtime values (sm90.py says more).
     gl.warp_specialize([
         (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                               dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
