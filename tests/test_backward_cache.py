@@ -125,3 +125,41 @@ def test_packed_backward_arguments_have_their_roles(causal):
         assert plan is not None and set(plan) == names, launch.kernel
         roles |= {entry[1] for entry in plan.values() if entry[0] == "tensor"}
     assert {"cu_seqlens_q", "cu_seqlens_k"} <= roles
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_fused_backward_arguments_have_their_roles(packed):
+    """The fused Hopper backward (dQ by reductions): its descriptors (lse, delta and the dQ
+    buffer's too when dense) and the packed call's row tensors map by name."""
+    from tileattn.kernels.attention import sm90_bwd_fused
+    if packed:
+        q = torch.empty(701, 4, 128, dtype=torch.bfloat16)
+        k = torch.empty(650, 2, 128, dtype=torch.bfloat16)
+        lse = torch.empty(4, 701)
+        cu_q = torch.tensor([0, 301, 701], dtype=torch.int32)
+        cu_k = torch.tensor([0, 250, 650], dtype=torch.int32)
+        rows = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=400, max_seqlen_k=400)
+    else:
+        q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+        k = torch.empty(2, 280, 2, 128, dtype=torch.bfloat16)
+        lse = torch.empty(2, 4, 300)
+        rows = {}
+    v, out, dout = torch.empty_like(k), torch.empty_like(q), torch.empty_like(q)
+    delta, dq_accum = bwd.backward_workspace(q, lse, False)
+    call = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=None, dq=torch.empty_like(q),
+                dk=torch.empty_like(k), dv=torch.empty_like(v), delta=delta, dq_accum=dq_accum,
+                cu_seqlens_q=rows.get("cu_seqlens_q"), cu_seqlens_k=rows.get("cu_seqlens_k"))
+    launches = bwd.backward_launches(
+        q, k, v, out, lse, dout, call["dq"], call["dk"], call["dv"], delta, dq_accum,
+        causal=True, softmax_scale=0.1, window_left=-1, window_right=-1,
+        arch=arch_for_capability((9, 0)), kernel="sm90", **rows)
+    assert sm90_bwd_fused.attention_bwd_fused_sm90_kernel in [x.kernel for x in launches]
+    descriptors = set()
+    for launch in launches:
+        names = _per_call(launch)
+        plan = backward_cache._argument_plan(launch, names, call)
+        assert plan is not None and set(plan) == names, launch.kernel
+        descriptors |= {name for name, entry in plan.items() if entry[0] == "descriptor"}
+    # Packed lse and delta rows are read by the loader warp through their pointers.
+    expected = {"q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"}
+    assert descriptors == (expected if packed else expected | {"lse_desc", "delta_desc"})

@@ -131,19 +131,42 @@ FUSED_CASES = [
 ]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs an sm90 GPU")
-@pytest.mark.parametrize("case", FUSED_CASES, ids=str)
-def test_hopper_fused_backward(case):
+def _runs_the_fused_kernel(problem) -> bool:
     from tileattn.arch import arch_of
     from tileattn.kernels.attention import bwd, sm90_bwd_fused
-    problem = make_problem(case, torch.bfloat16, "cuda", seed=7)
+    case = problem.case
     delta, dq_accum = bwd.backward_workspace(problem.q, problem.lse, False)
     launches = bwd.backward_launches(
         problem.q, problem.k, problem.v, problem.out, problem.lse, problem.dout, problem.q,
         problem.k, problem.v, delta, dq_accum, causal=case.causal,
         softmax_scale=problem.softmax_scale, window_left=-1, window_right=-1,
+        cu_seqlens_q=problem.cu_seqlens_q, cu_seqlens_k=problem.cu_seqlens_k,
+        max_seqlen_q=problem.max_seqlen_q, max_seqlen_k=problem.max_seqlen_k,
         arch=arch_of(problem.q.device), kernel="sm90")
-    assert sm90_bwd_fused.attention_bwd_fused_sm90_kernel in [x.kernel for x in launches]
+    return sm90_bwd_fused.attention_bwd_fused_sm90_kernel in [x.kernel for x in launches]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("case", FUSED_CASES, ids=str)
+def test_hopper_fused_backward(case):
+    problem = make_problem(case, torch.bfloat16, "cuda", seed=7)
+    assert _runs_the_fused_kernel(problem)
+    grads = run_backward(problem, deterministic=False, kernel="sm90")
+    check_gradients(problem, grads, GRAD_TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", [(64, 64), (96, 96), (128, 128)], ids=lambda d: f"D{d[0]}")
+def test_hopper_fused_backward_varlen(head_dims, causal):
+    # Packed: empty and one-token sequences, Sq > Sk (rows that see no key), lengths that
+    # end inside tiles (the next sequence's rows and keys are in them), sequence starts that
+    # are not multiples of 4 (lse rows TMA could not address).
+    case = BackwardCase(0, 0, 0, 8, 2, *head_dims, causal=causal)
+    problem = make_varlen_problem(case, [1000, 0, 1, 3000, 517, 64], [1200, 77, 1, 2900, 0, 64],
+                                  torch.bfloat16, "cuda", seed=3)
+    assert _runs_the_fused_kernel(problem)
     grads = run_backward(problem, deterministic=False, kernel="sm90")
     check_gradients(problem, grads, GRAD_TOLERANCES[torch.bfloat16])

@@ -27,7 +27,8 @@ _ROLES = {"q_ptr": "q", "k_ptr": "k", "v_ptr": "v", "out_ptr": "out", "do_ptr": 
           "dq_accum_ptr": "dq_accum", "dq_ptr": "dq", "dk_ptr": "dk", "dv_ptr": "dv",
           "q_desc": "q", "k_desc": "k", "v_desc": "v", "do_desc": "dout",
           "lse_desc": "lse", "delta_desc": "delta", "dq_desc": "dq_accum",
-          "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k"}
+          "cu_seqlens_q": "cu_seqlens_q", "cu_seqlens_k": "cu_seqlens_k",
+          "cu_seqlens_q_ptr": "cu_seqlens_q", "cu_seqlens_k_ptr": "cu_seqlens_k"}
 
 CALLS = CallCache()
 
@@ -49,10 +50,13 @@ def signature(dout, dlse, q, k, v, out, lse, *, causal: bool, softmax_scale: flo
     return tuple(parts)
 
 
-def _view(x: torch.Tensor) -> torch.Tensor:
-    """What a descriptor of this role spans: [B, S, H, D] tensors as [B, H, S, D]; lse and
-    delta ([B, H, S]) as they are."""
-    return x.permute(0, 2, 1, 3) if x.dim() == 4 else x
+def _view(x: torch.Tensor, role: str) -> torch.Tensor:
+    """What a descriptor of this role spans: [B, S, H, D] tensors as [B, H, S, D], packed
+    [total, H, D] ones as [1, H, total, D]; lse and delta [B, H, S] as they are, packed
+    [H, total] as [1, H, total]."""
+    if role in ("lse", "delta"):
+        return x if x.dim() == 3 else x.unsqueeze(0)
+    return (x if x.dim() == 4 else x.unsqueeze(0)).permute(0, 2, 1, 3)
 
 
 def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
@@ -81,7 +85,7 @@ def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
         elif role is None or call.get(role) is None:
             return None
         elif is_tma_descriptor(value):
-            view = _view(call[role])
+            view = _view(call[role], role)
             if (value.base.data_ptr() != view.data_ptr() or value.base.shape != view.shape
                     or value.base.stride() != view.stride()):
                 return None
@@ -130,7 +134,7 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
                     descriptor = descriptors.get(id(template))
                     if descriptor is None:
                         descriptor = descriptors[id(template)] = rebased_descriptor(
-                            template, _view(roles[entry[1]]))
+                            template, _view(roles[entry[1]], entry[1]))
                     values[name] = descriptor
                 else:
                     values[name] = entry[1]

@@ -225,9 +225,8 @@ def fused_applies(q, k, v, dout, lse, arch: Arch, kernel: str, *, is_varlen: boo
     """Whether a non-deterministic backward of these dense inputs runs sm90_bwd_fused's kernel
     (kernel: dispatch.backward_kernel's choice): the ops then take the atomic dQ, elsewhere the
     fixed-order pass."""
-    return (kernel == "sm90" and gluon_applies(q, k, v, dout, arch, is_varlen, None, score_mod,
-                                               None, window_left, window_right)
-            and sm90_bwd_fused.supports(q, v, lse))
+    return (kernel == "sm90" and arch.name == "sm90" and score_mod is None and window_left < 0
+            and window_right in (-1, 0) and sm90_bwd_fused.supports(q, k, v, dout, lse, is_varlen))
 
 
 def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, causal: bool,
@@ -314,10 +313,14 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                                                  score_mod, mask_mod, window_left, window_right)
     width = sm90_bwd.width(q, v)
     shared = {}     # the Gluon kernels' common arguments, made once where their tiles match
-    if hopper and atomic_dq and dkdv_tiles_given is None and sm90_bwd_fused.supports(q, v, lse):
-        dkdv = sm90_bwd_fused.fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv,
-                                                causal=window_right == 0,
-                                                softmax_scale=softmax_scale)
+    if (atomic_dq and dkdv_tiles_given is None and block_mask is None and mask_mod is None
+            and fused_applies(q, k, v, dout, lse, arch, kernel, is_varlen=is_varlen,
+                              score_mod=score_mod, window_left=window_left,
+                              window_right=window_right)):
+        dkdv = sm90_bwd_fused.fused_sm90_launch(
+            q, k, v, dout, lse, delta, dq_accum, dk, dv, causal=window_right == 0,
+            softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     elif hopper and not atomic_dq and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
         dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
                                          causal=window_right == 0, softmax_scale=softmax_scale,

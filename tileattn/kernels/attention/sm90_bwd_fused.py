@@ -16,11 +16,13 @@ A program owns BLOCK_N = 128 keys of one (sequence, kv head) and walks the query
     dq_accum, the buffer released once the reduction has read it.
 The order of dQ's additions across programs is not fixed: not deterministic.
 
-Scope: sm90_bwd.supports()'s dense inputs, causal (bottom-right) or not, FUSED_CONFIGS' padded
-head dims (64, 128; Dv padded alike); lse and delta TMA-addressable (seqlen_q a multiple of 4). Query rows past the end
-read zeros for Q, dO, lse and delta (TMA's fill): with dO = 0 they add nothing. Key rows past
-the end are computed, never stored. dq_accum: fp32 with q's shape, contiguous, zeroed;
-dq = softmax_scale · dq_accum afterwards (bwd.py's convert kernel).
+Scope (supports()): dense inputs as sm90_bwd.supports()'s with lse TMA-addressable (seqlen_q a
+multiple of 4), or packed varlen ones; causal (bottom-right) or not; FUSED_CONFIGS' padded head
+dims (64, 128; Dv padded alike). Dense query rows past the end read zeros for Q, dO, lse and
+delta (TMA's fill): with dO = 0 they add nothing; key rows past the end are computed, never
+stored. Packed tiles that reach into the next sequence's rows or keys set P = 0 there.
+dq_accum: fp32 with q's shape, contiguous, zeroed; dq = softmax_scale · dq_accum afterwards
+(bwd.py's convert kernel).
 
 No `from __future__ import annotations` here (Gluon reads annotations as classes).
 """
@@ -35,6 +37,7 @@ from ..gluon_common import tma_reduce_add, tma_ready
 from ..runtime import KernelLaunch
 from .configs import padded_head_dim
 from .sm90 import LOG2_E, _descriptor
+from . import sm90_bwd
 from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, width
 
 # Padded head dim -> (keys a program (64 a compute warpgroup), queries a step, Q/dO ring stages).
@@ -53,32 +56,50 @@ def _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M: g
 @gluon.jit
 def _loader_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                       q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty, batch,
-                      kv_head, start_n, first_m, steps_per_head, total, gqa_group_size):
-    """TMA copies: K and V once, then every step's Q, dO, lse and delta into its ring stage."""
+                      kv_head, start_n, first_m, steps_per_head, total, gqa_group_size, q_start,
+                      k_start, lse_ptr, delta_ptr, total_q, VARLEN: gl.constexpr):
+    """TMA copies: K and V once, then every step's Q, dO, lse and delta into its ring stage
+    (rows q_start.. and k_start.. are the sequence's first query and key). Packed (VARLEN) lse
+    and delta rows start anywhere, and TMA needs their innermost coordinate 16-byte aligned:
+    this warp loads them (lse_ptr, delta_ptr [num_q_heads, total_q]) and stores them to the
+    stage before the stage's barrier arrival, which publishes them."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
     mbarrier.expect(kv_ready.index(0), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], kv_ready.index(0),
-                                    k_smem.index(0))
-    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], kv_ready.index(0),
-                                    v_smem.index(0))
+    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, k_start + start_n, 0],
+                                    kv_ready.index(0), k_smem.index(0))
+    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, k_start + start_n, 0],
+                                    kv_ready.index(0), v_smem.index(0))
     for i in range(total):
         stage = i % NUM_STAGES
         head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
+        row += q_start
         mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
         bar = ready.index(stage)
-        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                        + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        if VARLEN:
+            layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+            rows = row + gl.arange(0, BLOCK_M, layout=layout)
+            at = head.to(gl.int64) * total_q + rows
+            inside = rows < total_q
+            lse_smem.index(stage).reshape([BLOCK_M]).store(
+                gl.load(lse_ptr + at, mask=inside, other=0.0))
+            delta_smem.index(stage).reshape([BLOCK_M]).store(
+                gl.load(delta_ptr + at, mask=inside, other=0.0))
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lse_desc, [batch, head, row], bar,
+                                            lse_smem.index(stage))
+            tma.async_copy_global_to_shared(delta_desc, [batch, head, row], bar,
+                                            delta_smem.index(stage))
         tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], bar, q_smem.index(stage))
         tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], bar, do_smem.index(stage))
-        tma.async_copy_global_to_shared(lse_desc, [batch, head, row], bar, lse_smem.index(stage))
-        tma.async_copy_global_to_shared(delta_desc, [batch, head, row], bar,
-                                        delta_smem.index(stage))
 
 
 @gluon.jit
 def _dq_partition(dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m, steps_per_head,
-                  total, gqa_group_size):
+                  total, gqa_group_size, q_start):
     """One TMA reduction a step from the dQ buffer both warpgroups filled; a buffer is released
     once its reduction has read it (the next step's reduction issued first)."""
     BLOCK_M: gl.constexpr = dq_desc.block_type.shape[2]
@@ -86,7 +107,7 @@ def _dq_partition(dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m, 
         buffer = i % 2
         head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
         mbarrier.wait(dq_full.index(buffer), (i // 2) & 1)
-        tma_reduce_add(dq_desc, [batch, head, row, 0], dq_smem.index(buffer))
+        tma_reduce_add(dq_desc, [batch, head, q_start + row, 0], dq_smem.index(buffer))
         tma.store_wait(1)
         if i > 0:
             mbarrier.arrive(dq_empty.index(1 - buffer), count=1)
@@ -98,10 +119,11 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
                        kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty,
                        dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb,
                        stride_dvs, stride_dvh, batch, kv_head, start_n, first_m, steps_per_head,
-                       total, gqa_group_size, seqlen_k, shift, softmax_scale, softmax_scale_log2,
-                       zero, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
-                       HALF: gl.constexpr):
-    """Compute warpgroup HALF: keys start_n + 64·HALF.. of the program (module docstring)."""
+                       total, gqa_group_size, seqlen_q, seqlen_k, k_start, shift, softmax_scale,
+                       softmax_scale_log2, zero, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                       CAUSAL: gl.constexpr, VARLEN: gl.constexpr, HALF: gl.constexpr):
+    """Compute warpgroup HALF: keys start_n + 64·HALF.. of the program (module docstring);
+    positions are the sequence's, its first key at row k_start of dk and dv."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     D: gl.constexpr = k_smem.shape[4]
@@ -150,6 +172,13 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
                 queries = first_q + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                 visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + shift, 0)
                 p_t = gl.where(visible, p_t, 0.0)
+        if VARLEN:
+            # A tile crossing the sequence's end holds the next one's rows or keys: P = 0.
+            if (first_q + BLOCK_M > seqlen_q) | (first_key + ROWS > seqlen_k):
+                queries = first_q + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                inside = (gl.expand_dims(keys, 1) < seqlen_k) & (gl.expand_dims(queries, 0)
+                                                                 < seqlen_q)
+                p_t = gl.where(inside, p_t, 0.0)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), _a_operand_layout(dv_layout, dtype)),
                            do_op, dv, is_async=True)
         delta = delta_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
@@ -177,32 +206,48 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
         mbarrier.arrive(dq_full.index(buffer), count=1)
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
-    _store_rows(dk_ptr, dk * softmax_scale, first_key, seqlen_k, batch, kv_head, stride_dkb,
-                stride_dks, stride_dkh, HEAD_DIM)
-    _store_rows(dv_ptr, dv, first_key, seqlen_k, batch, kv_head, stride_dvb, stride_dvs,
-                stride_dvh, HEAD_DIM_V)
+    _store_rows(dk_ptr, dk * softmax_scale, k_start + first_key, k_start + seqlen_k, batch,
+                kv_head, stride_dkb, stride_dks, stride_dkh, HEAD_DIM)
+    _store_rows(dv_ptr, dv, k_start + first_key, k_start + seqlen_k, batch, kv_head, stride_dvb,
+                stride_dvs, stride_dvh, HEAD_DIM_V)
 
 
 @gluon.jit
 def attention_bwd_fused_sm90_kernel(
-    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_ptr, dv_ptr,
+    q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr,
+    dv_ptr,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     seqlen_q, seqlen_k, gqa_group_size, softmax_scale, softmax_scale_log2, zero,
+    cu_seqlens_q_ptr, cu_seqlens_k_ptr, total_q, total_k,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
+    NUM_STAGES: gl.constexpr, VARLEN: gl.constexpr,
 ):
     """Grid (key blocks of BLOCK_N, num_kv_heads, batch); 4 warps (a compute warpgroup) plus
     the workers.
     Descriptors: q, k, v, dout, dq_accum as [batch, heads, seqlen, padded head dim] views with
     boxes [1, 1, rows, padded head dim] (BLOCK_N rows for K, V; BLOCK_M for the others); lse,
     delta [batch, num_q_heads, seqlen_q] with boxes [1, 1, BLOCK_M]. HEAD_DIM, HEAD_DIM_V: the
-    real head dims (stores mask the padding)."""
+    real head dims (stores mask the padding). VARLEN: packed sequences (cu_seqlens_q/k int32
+    [batch + 1]; total_q/k rows): every tensor is one "batch" of [total, heads, ...] rows (lse and
+    delta [1, num_q_heads, total_q]), program (j, h, b) takes key block j of sequence b, and
+    seqlen_q/k are the longest sequence's (the grid's reach)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
     start_n = gl.program_id(0) * BLOCK_N
     kv_head = gl.program_id(1)
     batch = gl.program_id(2)
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        # Clamped to the tensors, so that inconsistent cu_seqlens never move a store outside.
+        q_start = gl.minimum(gl.load(cu_seqlens_q_ptr + batch), total_q)
+        seqlen_q = gl.maximum(gl.minimum(gl.load(cu_seqlens_q_ptr + batch + 1), total_q)
+                              - q_start, 0)
+        k_start = gl.minimum(gl.load(cu_seqlens_k_ptr + batch), total_k)
+        seqlen_k = gl.maximum(gl.minimum(gl.load(cu_seqlens_k_ptr + batch + 1), total_k)
+                              - k_start, 0)
+        batch = 0
     # Bottom-right causal: query i sees key j <= i + shift, so the first query tile that sees
     # any of this block's keys starts at (start_n - shift) // BLOCK_M.
     shift = seqlen_k - seqlen_q
@@ -210,6 +255,10 @@ def attention_bwd_fused_sm90_kernel(
     if CAUSAL:
         first_m = gl.maximum(start_n - shift, 0) // BLOCK_M
     steps_per_head = gl.maximum(gl.cdiv(seqlen_q, BLOCK_M) - first_m, 0)
+    if VARLEN:
+        # Key blocks past this sequence's end take no step (their stores are masked off). No
+        # early return: the partitions below must start in every program.
+        steps_per_head = gl.where(start_n < seqlen_k, steps_per_head, 0)
     total = steps_per_head * gqa_group_size
 
     # K, V and dSᵀ have a leading dim of 1: the compute warpgroups index it (see `kept`).
@@ -219,11 +268,11 @@ def attention_bwd_fused_sm90_kernel(
                                        q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape,
                                         do_desc.layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + lse_desc.block_type.shape,
-                                         lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32,
-                                           [NUM_STAGES] + delta_desc.block_type.shape,
-                                           delta_desc.layout)
+    # A stage's lse and delta rows: [1, 1, BLOCK_M] as TMA's box (packed: the loader's stores).
+    rows_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
+                                                     rank=3)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 1, BLOCK_M], rows_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 1, BLOCK_M], rows_layout)
     ds_smem = gl.allocate_shared_memory(
         dtype, [1, BLOCK_N, BLOCK_M],
         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
@@ -251,54 +300,75 @@ def attention_bwd_fused_sm90_kernel(
                               dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
                               dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
                               stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
-                              first_m, steps_per_head, total, gqa_group_size, seqlen_k, shift,
-                              softmax_scale, softmax_scale_log2, zero, HEAD_DIM, HEAD_DIM_V, CAUSAL,
-                              0)),
+                              first_m, steps_per_head, total, gqa_group_size, seqlen_q, seqlen_k,
+                              k_start, shift, softmax_scale, softmax_scale_log2, zero, HEAD_DIM,
+                              HEAD_DIM_V, CAUSAL, VARLEN, 0)),
         (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                               dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
                               dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
                               stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
-                              first_m, steps_per_head, total, gqa_group_size, seqlen_k, shift,
-                              softmax_scale, softmax_scale_log2, zero, HEAD_DIM, HEAD_DIM_V, CAUSAL,
-                              1)),
+                              first_m, steps_per_head, total, gqa_group_size, seqlen_q, seqlen_k,
+                              k_start, shift, softmax_scale, softmax_scale_log2, zero, HEAD_DIM,
+                              HEAD_DIM_V, CAUSAL, VARLEN, 1)),
         (_loader_partition, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem,
                              v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
                              empty, batch, kv_head, start_n, first_m, steps_per_head, total,
-                             gqa_group_size)),
+                             gqa_group_size, q_start, k_start, lse_ptr, delta_ptr, total_q,
+                             VARLEN)),
         (_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m,
-                         steps_per_head, total, gqa_group_size)),
+                         steps_per_head, total, gqa_group_size, q_start)),
     ], [4, 1, 1], [COMPUTE_REGS, WORKER_REGS, WORKER_REGS])
 
 
-def supports(q: torch.Tensor, v: torch.Tensor, lse: torch.Tensor) -> bool:
-    """Whether the fused kernel takes these (sm90_bwd.supports()'s) inputs: a FUSED_CONFIGS row
-    for the padded head dims, Dv padded as D (dQ's buffer is D wide), lse TMA-addressable."""
-    return (width(q, v) in FUSED_CONFIGS and padded_head_dim(q.shape[3]) == width(q, v)
-            and tma_ready(lse, (0, 1)))
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+             lse: torch.Tensor, packed: bool) -> bool:
+    """Whether the fused kernel takes these 16-bit inputs: dense [B, S, H, D] ones that
+    sm90_bwd.supports() accepts, or packed [total, H, D] ones TMA can address (lse [Hq, total]);
+    a FUSED_CONFIGS row for the padded head dims, Dv padded as D (dQ's buffer is D wide); dense
+    lse TMA-addressable (seqlen_q a multiple of 4; packed lse is loaded by the loader warp)."""
+    if width(q, v) not in FUSED_CONFIGS or padded_head_dim(q.shape[-1]) != width(q, v):
+        return False
+    if not packed:
+        return sm90_bwd.supports(q, k, v, dout) and tma_ready(lse, (0, 1))
+    return (q.dtype in (torch.float16, torch.bfloat16) and q.shape[0] > 0 and k.shape[0] > 0
+            and all(x.stride(2) == 1 and tma_ready(x, (0, 1)) for x in (q, k, v, dout)))
 
 
 def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bool,
-                      softmax_scale: float,
+                      softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                       config: tuple[int, int, int] | None = None) -> KernelLaunch:
-    """The launch for inputs supports() accepted; lse, delta [B, Hq, Sq] contiguous float32;
-    dq_accum fp32 with q's shape, contiguous, zeroed. config: a FUSED_CONFIGS-style row."""
+    """The launch for inputs supports() accepted: dense, lse and delta [B, Hq, Sq], or packed
+    (cu_seqlens_q/k int32 [B + 1], max_seqlen_q/k), lse and delta [Hq, total_q]; contiguous
+    float32. dq_accum fp32 with q's shape, contiguous, zeroed. config: a FUSED_CONFIGS row."""
     block_n, block_m, num_stages = config or FUSED_CONFIGS[width(q, v)]
-    dim, dim_v = padded_head_dim(q.shape[3]), padded_head_dim(v.shape[3])
+    dim, dim_v = padded_head_dim(q.shape[-1]), padded_head_dim(v.shape[-1])
+    packed = cu_seqlens_q is not None
+    batch = cu_seqlens_q.shape[0] - 1 if packed else q.shape[0]
+    seqlen_q, seqlen_k = (max_seqlen_q, max_seqlen_k) if packed else (q.shape[1], k.shape[1])
+    lse_rows, delta_rows = lse, delta     # what the loader warp reads when packed
+    if packed:     # one "batch" of rows; dk, dv keep their [total, H, D] strides
+        q, k, v, dout, dq_accum = (x.unsqueeze(0) for x in (q, k, v, dout, dq_accum))
+        dk_strides = (0, dk.stride(0), dk.stride(1))
+        dv_strides = (0, dv.stride(0), dv.stride(1))
+    else:
+        dk_strides, dv_strides = dk.stride()[:3], dv.stride()[:3]
     args = dict(
         q_desc=_descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
         k_desc=_descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim]),
         v_desc=_descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v]),
         do_desc=_descriptor(dout.permute(0, 2, 1, 3), [1, 1, block_m, dim_v]),
-        lse_desc=_descriptor(lse, [1, 1, block_m]),
-        delta_desc=_descriptor(delta, [1, 1, block_m]),
+        lse_desc=None if packed else _descriptor(lse, [1, 1, block_m]),
+        delta_desc=None if packed else _descriptor(delta, [1, 1, block_m]),
         dq_desc=_descriptor(dq_accum.permute(0, 2, 1, 3), [1, 1, block_m, dim]),
-        dk_ptr=dk, dv_ptr=dv,
-        stride_dkb=dk.stride(0), stride_dks=dk.stride(1), stride_dkh=dk.stride(2),
-        stride_dvb=dv.stride(0), stride_dvs=dv.stride(1), stride_dvh=dv.stride(2),
-        seqlen_q=q.shape[1], seqlen_k=k.shape[1], gqa_group_size=q.shape[2] // k.shape[2],
+        lse_ptr=lse_rows, delta_ptr=delta_rows, dk_ptr=dk, dv_ptr=dv,
+        stride_dkb=dk_strides[0], stride_dks=dk_strides[1], stride_dkh=dk_strides[2],
+        stride_dvb=dv_strides[0], stride_dvs=dv_strides[1], stride_dvh=dv_strides[2],
+        seqlen_q=seqlen_q, seqlen_k=seqlen_k, gqa_group_size=q.shape[2] // k.shape[2],
         softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E,
-        zero=0)
+        zero=0, cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k,
+        total_q=q.shape[1], total_k=k.shape[1])
     constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
-                      NUM_STAGES=num_stages)
-    grid = (-(-k.shape[1] // block_n), k.shape[2], q.shape[0])
+                      NUM_STAGES=num_stages, VARLEN=packed)
+    grid = (-(-seqlen_k // block_n), k.shape[2], batch)
     return KernelLaunch(attention_bwd_fused_sm90_kernel, grid, args, constexprs, 4, 1)
