@@ -109,13 +109,19 @@ def _staying_and_streaming(stay_a, stay_b, ring_a, ring_b, batch, head, row,
 
 
 @gluon.jit
+def lse_base2(lse):
+    """lse (natural log) in base 2, +inf for a row that saw no key (lse -inf), so its P is 0."""
+    return gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+
+
+@gluon.jit
 def _row_statistics(lse_ptr, delta_ptr, row_offset, rows, seqlen_q):
     """(lse in base 2, delta) of the query rows: lse +inf for a row past the end or one that
-    saw no key (lse -inf), so its P is 0."""
+    saw no key, so its P is 0."""
     in_range = rows < seqlen_q
     lse = gl.load(lse_ptr + row_offset + rows, mask=in_range, other=float("inf"))
     delta = gl.load(delta_ptr + row_offset + rows, mask=in_range, other=0.0)
-    return gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), delta
+    return lse_base2(lse), delta
 
 
 @gluon.jit

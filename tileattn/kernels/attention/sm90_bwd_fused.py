@@ -38,7 +38,7 @@ from ..runtime import KernelLaunch
 from .configs import padded_head_dim
 from .sm90 import LOG2_E, _descriptor
 from . import sm90_bwd
-from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, width
+from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, lse_base2, width
 
 # Padded head dim -> (keys a program (64 a compute warpgroup), queries a step, Q/dO ring stages).
 FUSED_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
@@ -162,9 +162,8 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
         s_t = warpgroup_mma(k_op, q_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_op, do_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_t = warpgroup_mma_wait(1, deps=(s_t,))
-        # A row that saw no key (lse -inf) gets P = 0.
-        lse = lse_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
-        lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        lse_log2 = lse_base2(lse_smem.index(stage).reshape([BLOCK_M]).load(
+            gl.SliceLayout(0, s_layout)))
         p_t = gl.exp2(s_t * softmax_scale_log2 - gl.expand_dims(lse_log2, 0))
         if CAUSAL:
             # Only tiles whose first query misses this half's last key cross the diagonal.
