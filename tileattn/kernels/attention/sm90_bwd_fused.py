@@ -115,6 +115,18 @@ def _dq_partition(dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m, 
 
 
 @gluon.jit
+def _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF: gl.constexpr):
+    """Step i's dQ columns of warpgroup HALF into dQ buffer i % 2 for the dQ warp."""
+    BLOCK_M: gl.constexpr = dq_smem.shape[3]
+    D: gl.constexpr = dq_smem.shape[4]
+    buffer = i % 2
+    mbarrier.wait(dq_empty.index(buffer), ((i // 2) & 1) ^ 1)
+    dq_smem.index(buffer).reshape([BLOCK_M, D]).slice(HALF * (D // 2), D // 2, dim=1).store(dq)
+    fence_async_shared()
+    mbarrier.arrive(dq_full.index(buffer), count=1)
+
+
+@gluon.jit
 def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
                        kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty,
                        dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb,
@@ -189,20 +201,29 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
         ds_rows.store(ds_t)
         fence_async_shared()
         mbarrier.arrive(ds_ready.index(0), count=1)
-        dk = warpgroup_mma(gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype)), q_op,
-                           dk, is_async=True)
-        mbarrier.wait(ds_ready.index(0), i & 1)
-        dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
-                           is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-        mbarrier.arrive(ds_free.index(0), count=1)
-        mbarrier.arrive(empty.index(stage), count=1)
-        buffer = i % 2
-        mbarrier.wait(dq_empty.index(buffer), ((i // 2) & 1) ^ 1)
-        dq_smem.index(buffer).reshape([BLOCK_M, D]).slice(HALF * (D // 2), D // 2,
-                                                          dim=1).store(dq)
-        fence_async_shared()
-        mbarrier.arrive(dq_full.index(buffer), count=1)
+        dk_operand = gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype))
+        if CAUSAL:
+            # Under a causal mask dK goes first and runs while this warpgroup waits for the
+            # other's dSᵀ; without one, dQ first measured faster (docs/design.md, "Backward").
+            dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
+            mbarrier.wait(ds_ready.index(0), i & 1)
+            dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
+                               is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+            mbarrier.arrive(ds_free.index(0), count=1)
+            mbarrier.arrive(empty.index(stage), count=1)
+            _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF)
+        else:
+            # dQ first: dK runs while dQ goes through shared memory to the dQ warp.
+            mbarrier.wait(ds_ready.index(0), i & 1)
+            dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
+                               is_async=True)
+            dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
+            dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
+            mbarrier.arrive(ds_free.index(0), count=1)
+            _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF)
+            dk = warpgroup_mma_wait(0, deps=(dk,))
+            mbarrier.arrive(empty.index(stage), count=1)
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
     _store_rows(dk_ptr, dk * softmax_scale, k_start + first_key, k_start + seqlen_k, batch,
