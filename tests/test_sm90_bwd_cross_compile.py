@@ -66,7 +66,8 @@ for d, causal in ((128, False), (128, True), (96, True), (64, True)):
         "shared": c.metadata.shared, "hgmma": sass.count("HGMMA"),
         "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
         "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-        "setmaxnreg": c.asm["ptx"].count("setmaxnreg")}
+        "setmaxnreg": c.asm["ptx"].count("setmaxnreg"),
+        "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc")}
 q, k = torch.empty(2000, 4, 128, dtype=torch.bfloat16), torch.empty(2200, 2, 128, dtype=torch.bfloat16)
 lse, cu = torch.empty(4, 2000), torch.tensor([0, 1000, 2000], dtype=torch.int32)
 c = cross_compile_sm90(sm90_bwd_fused.fused_sm90_launch(
@@ -79,7 +80,8 @@ with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
 fused["D128-packed"] = {
     "shared": c.metadata.shared, "hgmma": sass.count("HGMMA"),
     "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
-    "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "setmaxnreg": c.asm["ptx"].count("setmaxnreg")}
+    "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "setmaxnreg": c.asm["ptx"].count("setmaxnreg"),
+    "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc")}
 # dQ alone has rows at 256 (and head dims that pad to it).
 for d, dv in ((256, 256), (192, 128)):
     rows[f"dq-bf16-D{d}-Dv{dv}-causal"] = compile_case("dq", d, dv, True, torch.bfloat16)
@@ -109,6 +111,11 @@ def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_al
         assert row["hgmma"] == 2 * (d // 16 * 2 + 4 + 4 + 8), (name, row)
         assert row["local"] == 0, (name, row)
         assert row["reductions"] >= 1 and row["setmaxnreg"] >= 2, (name, row)
+        # The Q/dO stage and dSᵀ's buffer released by every thread only where that was chosen.
+        causal = not name.endswith("full")
+        assert (row["thread_arrives"] > 0) == ((d, causal) in sm90_bwd_fused.PER_THREAD_RELEASE), (
+            name, row)
+    assert len({row["thread_arrives"] > 0 for row in compiled_all["fused"].values()}) == 2
 
 
 def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):

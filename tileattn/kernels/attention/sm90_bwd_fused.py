@@ -30,6 +30,7 @@ No `from __future__ import annotations` here (Gluon reads annotations as classes
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
@@ -42,6 +43,9 @@ from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, ls
 
 # Padded head dim -> (keys a program (64 a compute warpgroup), queries a step, Q/dO ring stages).
 FUSED_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
+# (padded head dim, causal) whose compute warpgroups release the Q/dO stage and dSᵀ's buffer
+# by each thread's arrive, which measured faster there and slower elsewhere (docs/design.md).
+PER_THREAD_RELEASE = {(128, True)}
 COMPUTE_REGS = gl.constexpr(240)
 WORKER_REGS = gl.constexpr(24)
 
@@ -115,6 +119,18 @@ def _dq_partition(dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m, 
 
 
 @gluon.jit
+def _release(bar, PER_THREAD: gl.constexpr):
+    """Arrive on a barrier that says a warpgroup has done reading (reads already waited for).
+    PER_THREAD: each thread arrives (128 a warpgroup), so no warpgroup barrier comes before it;
+    else one thread arrives, after the barrier Triton puts before each such arrive."""
+    if PER_THREAD:
+        # cp.async's arrive, with no copy pending, is an arrive by each thread at once.
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
 def _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF: gl.constexpr):
     """Step i's dQ columns of warpgroup HALF into dQ buffer i % 2 for the dQ warp."""
     BLOCK_M: gl.constexpr = dq_smem.shape[3]
@@ -133,7 +149,8 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
                        stride_dvs, stride_dvh, batch, kv_head, start_n, first_m, steps_per_head,
                        total, gqa_group_size, seqlen_q, seqlen_k, k_start, shift, softmax_scale,
                        softmax_scale_log2, zero, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                       CAUSAL: gl.constexpr, VARLEN: gl.constexpr, HALF: gl.constexpr):
+                       CAUSAL: gl.constexpr, VARLEN: gl.constexpr, HALF: gl.constexpr,
+                       PER_THREAD_RELEASE: gl.constexpr):
     """Compute warpgroup HALF: keys start_n + 64·HALF.. of the program (module docstring);
     positions are the sequence's, its first key at row k_start of dk and dv."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -210,8 +227,8 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
             dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
                                is_async=True)
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            mbarrier.arrive(ds_free.index(0), count=1)
-            mbarrier.arrive(empty.index(stage), count=1)
+            _release(ds_free.index(0), PER_THREAD_RELEASE)
+            _release(empty.index(stage), PER_THREAD_RELEASE)
             _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF)
         else:
             # dQ first: dK runs while dQ goes through shared memory to the dQ warp.
@@ -220,10 +237,10 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
                                is_async=True)
             dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
-            mbarrier.arrive(ds_free.index(0), count=1)
+            _release(ds_free.index(0), PER_THREAD_RELEASE)
             _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF)
             dk = warpgroup_mma_wait(0, deps=(dk,))
-            mbarrier.arrive(empty.index(stage), count=1)
+            _release(empty.index(stage), PER_THREAD_RELEASE)
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
     _store_rows(dk_ptr, dk * softmax_scale, k_start + first_key, k_start + seqlen_k, batch,
@@ -240,7 +257,7 @@ def attention_bwd_fused_sm90_kernel(
     seqlen_q, seqlen_k, gqa_group_size, softmax_scale, softmax_scale_log2, zero,
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, total_q, total_k,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
-    NUM_STAGES: gl.constexpr, VARLEN: gl.constexpr,
+    NUM_STAGES: gl.constexpr, VARLEN: gl.constexpr, PER_THREAD_RELEASE: gl.constexpr,
 ):
     """Grid (key blocks of BLOCK_N, num_kv_heads, batch); 4 warps (a compute warpgroup) plus
     the workers.
@@ -298,15 +315,18 @@ def attention_bwd_fused_sm90_kernel(
         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
+    # The compute warpgroups' "done reading" barriers take an arrival from each warpgroup, or
+    # from each of their threads.
+    RELEASES: gl.constexpr = 256 if PER_THREAD_RELEASE else 2
     kv_ready = _barriers(1)
     ready = _barriers(NUM_STAGES)
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(empty.index(s), count=2)
+        mbarrier.init(empty.index(s), count=RELEASES)
     ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(ds_ready.index(0), count=2)
-    mbarrier.init(ds_free.index(0), count=2)
+    mbarrier.init(ds_free.index(0), count=RELEASES)
     dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     dq_empty = _barriers(2)
     for b in gl.static_range(2):
@@ -322,14 +342,14 @@ def attention_bwd_fused_sm90_kernel(
                               stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
                               first_m, steps_per_head, total, gqa_group_size, seqlen_q, seqlen_k,
                               k_start, shift, softmax_scale, softmax_scale_log2, zero, HEAD_DIM,
-                              HEAD_DIM_V, CAUSAL, VARLEN, 0)),
+                              HEAD_DIM_V, CAUSAL, VARLEN, 0, PER_THREAD_RELEASE)),
         (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                               dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
                               dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
                               stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
                               first_m, steps_per_head, total, gqa_group_size, seqlen_q, seqlen_k,
                               k_start, shift, softmax_scale, softmax_scale_log2, zero, HEAD_DIM,
-                              HEAD_DIM_V, CAUSAL, VARLEN, 1)),
+                              HEAD_DIM_V, CAUSAL, VARLEN, 1, PER_THREAD_RELEASE)),
         (_loader_partition, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem,
                              v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
                              empty, batch, kv_head, start_n, first_m, steps_per_head, total,
@@ -389,6 +409,7 @@ def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bo
         zero=0, cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k,
         total_q=q.shape[1], total_k=k.shape[1])
     constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
-                      NUM_STAGES=num_stages, VARLEN=packed)
+                      NUM_STAGES=num_stages, VARLEN=packed,
+                      PER_THREAD_RELEASE=(dim, causal) in PER_THREAD_RELEASE)
     grid = (-(-seqlen_k // block_n), k.shape[2], batch)
     return KernelLaunch(attention_bwd_fused_sm90_kernel, grid, args, constexprs, 4, 1)
