@@ -33,8 +33,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
 
-from ..gluon_common import tma_reduce_add, tma_ready
+from ..gluon_common import Scalar, scalar, tma_reduce_add, tma_ready
 from ..runtime import KernelLaunch
 from .configs import padded_head_dim
 from .sm90 import LOG2_E, _descriptor
@@ -50,71 +51,272 @@ COMPUTE_REGS = gl.constexpr(240)
 WORKER_REGS = gl.constexpr(24)
 
 
-@gluon.jit
-def _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M: gl.constexpr):
-    """(query head, first query row) of step i: head-major over the GQA group's heads."""
-    head = kv_head * gqa_group_size + i // steps_per_head
-    return head, (first_m + i % steps_per_head) * BLOCK_M
+@aggregate
+class Work:
+    """What every partition knows of its program: the (sequence, kv head) and the 128 keys
+    (from start_n) it owns, the steps it walks (total = steps_per_head query tiles from first_m,
+    for each head of the GQA group, head-major), where the sequence starts in the (packed)
+    tensors (q_start, k_start), its lengths and bottom-right shift, the softmax scale, and
+    `zero`, a runtime 0 (see `kept`)."""
+    batch: Scalar
+    kv_head: Scalar
+    start_n: Scalar
+    first_m: Scalar
+    steps_per_head: Scalar
+    total: Scalar
+    gqa_group_size: Scalar
+    seqlen_q: Scalar
+    seqlen_k: Scalar
+    q_start: Scalar
+    k_start: Scalar
+    shift: Scalar
+    softmax_scale: Scalar
+    softmax_scale_log2: Scalar
+    zero: Scalar
+    CAUSAL: gl.constexpr
+    VARLEN: gl.constexpr
+    PER_THREAD_RELEASE: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size,
+                 seqlen_q, seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2,
+                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE):
+        self.batch = scalar(batch)
+        self.kv_head = scalar(kv_head)
+        self.start_n = scalar(start_n)
+        self.first_m = scalar(first_m)
+        self.steps_per_head = scalar(steps_per_head)
+        self.total = scalar(total)
+        self.gqa_group_size = scalar(gqa_group_size)
+        self.seqlen_q = scalar(seqlen_q)
+        self.seqlen_k = scalar(seqlen_k)
+        self.q_start = scalar(q_start)
+        self.k_start = scalar(k_start)
+        self.shift = scalar(shift)
+        self.softmax_scale = scalar(softmax_scale)
+        self.softmax_scale_log2 = scalar(softmax_scale_log2)
+        self.zero = scalar(zero)
+        self.CAUSAL = gl.constexpr(CAUSAL)
+        self.VARLEN = gl.constexpr(VARLEN)
+        self.PER_THREAD_RELEASE = gl.constexpr(PER_THREAD_RELEASE)
+
+    @gluon.jit
+    def step_coords(self, i, BLOCK_M: gl.constexpr):
+        """(query head, first query row within the sequence) of step i."""
+        head = self.kv_head * self.gqa_group_size + i // self.steps_per_head
+        return head, (self.first_m + i % self.steps_per_head) * BLOCK_M
+
+
+@aggregate
+class Rings:
+    """The program's shared memory: K and V (loaded once), the Q/dO/lse/delta ring of
+    NUM_STAGES stages (ready / empty), dSᵀ of both warpgroups (ds_ready / ds_free), and two fp32
+    dQ buffers (dq_full / dq_empty). Tiles are [1, 1, rows, head dim] as TMA writes them; K, V
+    and dSᵀ have a leading dim of 1, which the compute warpgroups index (see `kept`)."""
+    k_smem: gl.shared_memory_descriptor
+    v_smem: gl.shared_memory_descriptor
+    q_smem: gl.shared_memory_descriptor
+    do_smem: gl.shared_memory_descriptor
+    lse_smem: gl.shared_memory_descriptor
+    delta_smem: gl.shared_memory_descriptor
+    ds_smem: gl.shared_memory_descriptor
+    dq_smem: gl.shared_memory_descriptor
+    kv_ready: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    ds_ready: gl.shared_memory_descriptor
+    ds_free: gl.shared_memory_descriptor
+    dq_full: gl.shared_memory_descriptor
+    dq_empty: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                 kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty):
+        self.k_smem = k_smem
+        self.v_smem = v_smem
+        self.q_smem = q_smem
+        self.do_smem = do_smem
+        self.lse_smem = lse_smem
+        self.delta_smem = delta_smem
+        self.ds_smem = ds_smem
+        self.dq_smem = dq_smem
+        self.kv_ready = kv_ready
+        self.ready = ready
+        self.empty = empty
+        self.ds_ready = ds_ready
+        self.ds_free = ds_free
+        self.dq_full = dq_full
+        self.dq_empty = dq_empty
+
+    @gluon.jit
+    def allocate(q_desc, k_desc, v_desc, do_desc, dq_desc, NUM_STAGES: gl.constexpr,
+                 PER_THREAD_RELEASE: gl.constexpr):
+        """Allocate and initialise. The compute warpgroups' "done reading" barriers (empty,
+        ds_free) take an arrival from each warpgroup, or with PER_THREAD_RELEASE from each of
+        their threads."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+        dtype: gl.constexpr = q_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape,
+                                           q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape,
+                                            do_desc.layout)
+        # A stage's lse and delta rows: [1, 1, BLOCK_M] as TMA's box (packed: the loader's
+        # stores).
+        rows_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                         element_bitwidth=32, rank=3)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 1, BLOCK_M],
+                                             rows_layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 1, BLOCK_M],
+                                               rows_layout)
+        ds_smem = gl.allocate_shared_memory(
+            dtype, [1, BLOCK_N, BLOCK_M],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
+                                            dq_desc.layout)
+        RELEASES: gl.constexpr = 256 if PER_THREAD_RELEASE else 2
+        kv_ready = _barriers(1)
+        ready = _barriers(NUM_STAGES)
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(NUM_STAGES):
+            mbarrier.init(empty.index(s), count=RELEASES)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(ds_ready.index(0), count=2)
+        mbarrier.init(ds_free.index(0), count=RELEASES)
+        dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        dq_empty = _barriers(2)
+        for b in gl.static_range(2):
+            mbarrier.init(dq_full.index(b), count=2)
+        return Rings(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                     kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty)
+
+
+@aggregate
+class Grads:
+    """Where dK and dV go: [batch, seqlen, kv heads, head dim] strides (packed: batch stride
+    0), the first HEAD_DIM / HEAD_DIM_V columns (the rest is the tiles' padding)."""
+    dk_ptr: gl.tensor
+    dv_ptr: gl.tensor
+    stride_dkb: Scalar
+    stride_dks: Scalar
+    stride_dkh: Scalar
+    stride_dvb: Scalar
+    stride_dvs: Scalar
+    stride_dvh: Scalar
+    HEAD_DIM: gl.constexpr
+    HEAD_DIM_V: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb,
+                 stride_dvs, stride_dvh, HEAD_DIM, HEAD_DIM_V):
+        self.dk_ptr = dk_ptr
+        self.dv_ptr = dv_ptr
+        self.stride_dkb = scalar(stride_dkb)
+        self.stride_dks = scalar(stride_dks)
+        self.stride_dkh = scalar(stride_dkh)
+        self.stride_dvb = scalar(stride_dvb)
+        self.stride_dvs = scalar(stride_dvs)
+        self.stride_dvh = scalar(stride_dvh)
+        self.HEAD_DIM = gl.constexpr(HEAD_DIM)
+        self.HEAD_DIM_V = gl.constexpr(HEAD_DIM_V)
+
+
+@aggregate
+class Inputs:
+    """What the loader warp reads: TMA descriptors of q, k, v, dout (and lse, delta when dense;
+    None when packed), and the lse and delta rows [num_q_heads, total_q] it loads itself when
+    packed."""
+    q_desc: tma.tensor_descriptor
+    k_desc: tma.tensor_descriptor
+    v_desc: tma.tensor_descriptor
+    do_desc: tma.tensor_descriptor
+    lse_desc: tma.tensor_descriptor | gl.constexpr
+    delta_desc: tma.tensor_descriptor | gl.constexpr
+    lse_ptr: gl.tensor
+    delta_ptr: gl.tensor
+    total_q: Scalar
+
+    @gluon.constexpr_function
+    def __init__(self, q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, lse_ptr,
+                 delta_ptr, total_q):
+        self.q_desc = q_desc
+        self.k_desc = k_desc
+        self.v_desc = v_desc
+        self.do_desc = do_desc
+        self.lse_desc = lse_desc if lse_desc is not None else gl.constexpr(None)
+        self.delta_desc = delta_desc if delta_desc is not None else gl.constexpr(None)
+        self.lse_ptr = lse_ptr
+        self.delta_ptr = delta_ptr
+        self.total_q = scalar(total_q)
 
 
 @gluon.jit
-def _loader_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
-                      q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty, batch,
-                      kv_head, start_n, first_m, steps_per_head, total, gqa_group_size, q_start,
-                      k_start, lse_ptr, delta_ptr, total_q, VARLEN: gl.constexpr):
-    """TMA copies: K and V once, then every step's Q, dO, lse and delta into its ring stage
-    (rows q_start.. and k_start.. are the sequence's first query and key). Packed (VARLEN) lse
-    and delta rows start anywhere, and TMA needs their innermost coordinate 16-byte aligned:
-    this warp loads them (lse_ptr, delta_ptr [num_q_heads, total_q]) and stores them to the
+def _loader_partition(work, rings, inputs):
+    """TMA copies: K and V once, then every step's Q, dO, lse and delta into its ring stage.
+    Packed (VARLEN) lse and delta rows start anywhere, and TMA needs their innermost coordinate
+    16-byte aligned: this warp loads them (inputs.lse_ptr, delta_ptr) and stores them to the
     stage before the stage's barrier arrival, which publishes them."""
+    q_desc = inputs.q_desc
+    k_desc = inputs.k_desc
+    v_desc = inputs.v_desc
+    do_desc = inputs.do_desc
+    total_q = inputs.total_q
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
-    NUM_STAGES: gl.constexpr = q_smem.shape[0]
-    mbarrier.expect(kv_ready.index(0), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [batch, kv_head, k_start + start_n, 0],
-                                    kv_ready.index(0), k_smem.index(0))
-    tma.async_copy_global_to_shared(v_desc, [batch, kv_head, k_start + start_n, 0],
-                                    kv_ready.index(0), v_smem.index(0))
-    for i in range(total):
+    NUM_STAGES: gl.constexpr = rings.q_smem.shape[0]
+    batch = work.batch
+    kv_ready = rings.kv_ready.index(0)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [batch, work.kv_head, work.k_start + work.start_n, 0],
+                                    kv_ready, rings.k_smem.index(0))
+    tma.async_copy_global_to_shared(v_desc, [batch, work.kv_head, work.k_start + work.start_n, 0],
+                                    kv_ready, rings.v_smem.index(0))
+    for i in range(work.total):
         stage = i % NUM_STAGES
-        head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
-        row += q_start
-        mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
-        bar = ready.index(stage)
-        if VARLEN:
+        head, row = work.step_coords(i, BLOCK_M)
+        row += work.q_start
+        mbarrier.wait(rings.empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+        bar = rings.ready.index(stage)
+        if work.VARLEN:
             layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
             rows = row + gl.arange(0, BLOCK_M, layout=layout)
             at = head.to(gl.int64) * total_q + rows
             inside = rows < total_q
-            lse_smem.index(stage).reshape([BLOCK_M]).store(
-                gl.load(lse_ptr + at, mask=inside, other=0.0))
-            delta_smem.index(stage).reshape([BLOCK_M]).store(
-                gl.load(delta_ptr + at, mask=inside, other=0.0))
+            rings.lse_smem.index(stage).reshape([BLOCK_M]).store(
+                gl.load(inputs.lse_ptr + at, mask=inside, other=0.0))
+            rings.delta_smem.index(stage).reshape([BLOCK_M]).store(
+                gl.load(inputs.delta_ptr + at, mask=inside, other=0.0))
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         else:
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lse_desc, [batch, head, row], bar,
-                                            lse_smem.index(stage))
-            tma.async_copy_global_to_shared(delta_desc, [batch, head, row], bar,
-                                            delta_smem.index(stage))
-        tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], bar, q_smem.index(stage))
-        tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], bar, do_smem.index(stage))
+                            + inputs.lse_desc.block_type.nbytes
+                            + inputs.delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(inputs.lse_desc, [batch, head, row], bar,
+                                            rings.lse_smem.index(stage))
+            tma.async_copy_global_to_shared(inputs.delta_desc, [batch, head, row], bar,
+                                            rings.delta_smem.index(stage))
+        tma.async_copy_global_to_shared(q_desc, [batch, head, row, 0], bar,
+                                        rings.q_smem.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [batch, head, row, 0], bar,
+                                        rings.do_smem.index(stage))
 
 
 @gluon.jit
-def _dq_partition(dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m, steps_per_head,
-                  total, gqa_group_size, q_start):
+def _dq_partition(work, rings, dq_desc):
     """One TMA reduction a step from the dQ buffer both warpgroups filled; a buffer is released
     once its reduction has read it (the next step's reduction issued first)."""
     BLOCK_M: gl.constexpr = dq_desc.block_type.shape[2]
-    for i in range(total):
+    for i in range(work.total):
         buffer = i % 2
-        head, row = _step_coords(i, steps_per_head, first_m, kv_head, gqa_group_size, BLOCK_M)
-        mbarrier.wait(dq_full.index(buffer), (i // 2) & 1)
-        tma_reduce_add(dq_desc, [batch, head, q_start + row, 0], dq_smem.index(buffer))
+        head, row = work.step_coords(i, BLOCK_M)
+        mbarrier.wait(rings.dq_full.index(buffer), (i // 2) & 1)
+        tma_reduce_add(dq_desc, [work.batch, head, work.q_start + row, 0],
+                       rings.dq_smem.index(buffer))
         tma.store_wait(1)
         if i > 0:
-            mbarrier.arrive(dq_empty.index(1 - buffer), count=1)
+            mbarrier.arrive(rings.dq_empty.index(1 - buffer), count=1)
     tma.store_wait(0)
 
 
@@ -131,28 +333,26 @@ def _release(bar, PER_THREAD: gl.constexpr):
 
 
 @gluon.jit
-def _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF: gl.constexpr):
+def _hand_dq(dq, rings, i, HALF: gl.constexpr):
     """Step i's dQ columns of warpgroup HALF into dQ buffer i % 2 for the dQ warp."""
-    BLOCK_M: gl.constexpr = dq_smem.shape[3]
-    D: gl.constexpr = dq_smem.shape[4]
+    BLOCK_M: gl.constexpr = rings.dq_smem.shape[3]
+    D: gl.constexpr = rings.dq_smem.shape[4]
     buffer = i % 2
-    mbarrier.wait(dq_empty.index(buffer), ((i // 2) & 1) ^ 1)
-    dq_smem.index(buffer).reshape([BLOCK_M, D]).slice(HALF * (D // 2), D // 2, dim=1).store(dq)
+    mbarrier.wait(rings.dq_empty.index(buffer), ((i // 2) & 1) ^ 1)
+    rings.dq_smem.index(buffer).reshape([BLOCK_M, D]).slice(HALF * (D // 2), D // 2,
+                                                            dim=1).store(dq)
     fence_async_shared()
-    mbarrier.arrive(dq_full.index(buffer), count=1)
+    mbarrier.arrive(rings.dq_full.index(buffer), count=1)
 
 
 @gluon.jit
-def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                       kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty,
-                       dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb,
-                       stride_dvs, stride_dvh, batch, kv_head, start_n, first_m, steps_per_head,
-                       total, gqa_group_size, seqlen_q, seqlen_k, k_start, shift, softmax_scale,
-                       softmax_scale_log2, zero, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                       CAUSAL: gl.constexpr, VARLEN: gl.constexpr, HALF: gl.constexpr,
-                       PER_THREAD_RELEASE: gl.constexpr):
+def _compute_partition(work, rings, grads, HALF: gl.constexpr):
     """Compute warpgroup HALF: keys start_n + 64·HALF.. of the program (module docstring);
     positions are the sequence's, its first key at row k_start of dk and dv."""
+    k_smem = rings.k_smem
+    v_smem = rings.v_smem
+    q_smem = rings.q_smem
+    do_smem = rings.do_smem
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     D: gl.constexpr = k_smem.shape[4]
@@ -164,43 +364,46 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
     dk_layout: gl.constexpr = _mma_layout(4, D, dtype)
     dv_layout: gl.constexpr = _mma_layout(4, DV, dtype)
     dq_layout: gl.constexpr = _mma_layout(4, D // 2, dtype)
+    seqlen_q = work.seqlen_q
+    seqlen_k = work.seqlen_k
+    shift = work.shift
 
-    first_key = start_n + HALF * ROWS
+    first_key = work.start_n + HALF * ROWS
     keys = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=dq_layout)
     dk = gl.zeros([ROWS, D], gl.float32, layout=dk_layout)
     dv = gl.zeros([ROWS, DV], gl.float32, layout=dv_layout)
-    mbarrier.wait(kv_ready.index(0), 0)
-    for i in range(total):
+    mbarrier.wait(rings.kv_ready.index(0), 0)
+    for i in range(work.total):
         stage = i % NUM_STAGES
-        first_q = (first_m + i % steps_per_head) * BLOCK_M
+        first_q = (work.first_m + i % work.steps_per_head) * BLOCK_M
         # The operands that stay are addressed from `kept` = min(i, zero) = 0, which the
         # compiler cannot hoist: hoisted, their wgmma descriptors (32 a warpgroup) held
         # registers across the loop and spilled.
-        kept = gl.minimum(i, zero)
+        kept = gl.minimum(i, work.zero)
         k_tile = k_smem.index(kept).reshape([BLOCK_N, D])
         k_op = k_tile.slice(HALF * ROWS, ROWS, dim=0)
         v_op = v_smem.index(kept).reshape([BLOCK_N, DV]).slice(HALF * ROWS, ROWS, dim=0)
         k_columns = k_tile.slice(HALF * (D // 2), D // 2, dim=1)
-        ds_tile = ds_smem.index(kept)
+        ds_tile = rings.ds_smem.index(kept)
         ds_rows = ds_tile.slice(HALF * ROWS, ROWS, dim=0)
-        mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+        mbarrier.wait(rings.ready.index(stage), (i // NUM_STAGES) & 1)
         q_op = q_smem.index(stage).reshape([BLOCK_M, D])
         do_op = do_smem.index(stage).reshape([BLOCK_M, DV])
         s_t = warpgroup_mma(k_op, q_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_op, do_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_t = warpgroup_mma_wait(1, deps=(s_t,))
-        lse_log2 = lse_base2(lse_smem.index(stage).reshape([BLOCK_M]).load(
+        lse_log2 = lse_base2(rings.lse_smem.index(stage).reshape([BLOCK_M]).load(
             gl.SliceLayout(0, s_layout)))
-        p_t = gl.exp2(s_t * softmax_scale_log2 - gl.expand_dims(lse_log2, 0))
-        if CAUSAL:
+        p_t = gl.exp2(s_t * work.softmax_scale_log2 - gl.expand_dims(lse_log2, 0))
+        if work.CAUSAL:
             # Only tiles whose first query misses this half's last key cross the diagonal.
             if first_q + shift < first_key + ROWS - 1:
                 queries = first_q + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
                 visible = gl.expand_dims(keys, 1) <= gl.expand_dims(queries + shift, 0)
                 p_t = gl.where(visible, p_t, 0.0)
-        if VARLEN:
+        if work.VARLEN:
             # A tile crossing the sequence's end holds the next one's rows or keys: P = 0.
             if (first_q + BLOCK_M > seqlen_q) | (first_key + ROWS > seqlen_k):
                 queries = first_q + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -209,44 +412,48 @@ def _compute_partition(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds
                 p_t = gl.where(inside, p_t, 0.0)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), _a_operand_layout(dv_layout, dtype)),
                            do_op, dv, is_async=True)
-        delta = delta_smem.index(stage).reshape([BLOCK_M]).load(gl.SliceLayout(0, s_layout))
+        delta = rings.delta_smem.index(stage).reshape([BLOCK_M]).load(
+            gl.SliceLayout(0, s_layout))
         # Groups retire in order: one in flight (dV) means dPᵀ is done.
         dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
         # dSᵀ's buffer: both warpgroups' dS K of the last step have read it.
-        mbarrier.wait(ds_free.index(0), (i & 1) ^ 1)
+        mbarrier.wait(rings.ds_free.index(0), (i & 1) ^ 1)
         ds_rows.store(ds_t)
         fence_async_shared()
-        mbarrier.arrive(ds_ready.index(0), count=1)
+        mbarrier.arrive(rings.ds_ready.index(0), count=1)
         dk_operand = gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype))
-        if CAUSAL:
+        if work.CAUSAL:
             # Under a causal mask dK goes first and runs while this warpgroup waits for the
             # other's dSᵀ; without one, dQ first measured faster (docs/design.md, "Backward").
             dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
-            mbarrier.wait(ds_ready.index(0), i & 1)
+            mbarrier.wait(rings.ds_ready.index(0), i & 1)
             dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
                                is_async=True)
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            _release(ds_free.index(0), PER_THREAD_RELEASE)
-            _release(empty.index(stage), PER_THREAD_RELEASE)
-            _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF)
+            _release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
+            _release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
+            _hand_dq(dq, rings, i, HALF)
         else:
             # dQ first: dK runs while dQ goes through shared memory to the dQ warp.
-            mbarrier.wait(ds_ready.index(0), i & 1)
+            mbarrier.wait(rings.ds_ready.index(0), i & 1)
             dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
                                is_async=True)
             dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
-            _release(ds_free.index(0), PER_THREAD_RELEASE)
-            _hand_dq(dq, dq_smem, dq_full, dq_empty, i, HALF)
+            _release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
+            _hand_dq(dq, rings, i, HALF)
             dk = warpgroup_mma_wait(0, deps=(dk,))
-            _release(empty.index(stage), PER_THREAD_RELEASE)
+            _release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
-    _store_rows(dk_ptr, dk * softmax_scale, k_start + first_key, k_start + seqlen_k, batch,
-                kv_head, stride_dkb, stride_dks, stride_dkh, HEAD_DIM)
-    _store_rows(dv_ptr, dv, k_start + first_key, k_start + seqlen_k, batch, kv_head, stride_dvb,
-                stride_dvs, stride_dvh, HEAD_DIM_V)
+    k_start = work.k_start
+    _store_rows(grads.dk_ptr, dk * work.softmax_scale, k_start + first_key, k_start + seqlen_k,
+                work.batch, work.kv_head, grads.stride_dkb, grads.stride_dks, grads.stride_dkh,
+                grads.HEAD_DIM)
+    _store_rows(grads.dv_ptr, dv, k_start + first_key, k_start + seqlen_k, work.batch,
+                work.kv_head, grads.stride_dvb, grads.stride_dvs, grads.stride_dvh,
+                grads.HEAD_DIM_V)
 
 
 @gluon.jit
@@ -270,7 +477,6 @@ def attention_bwd_fused_sm90_kernel(
     seqlen_q/k are the longest sequence's (the grid's reach)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    dtype: gl.constexpr = q_desc.dtype
     start_n = gl.program_id(0) * BLOCK_N
     kv_head = gl.program_id(1)
     batch = gl.program_id(2)
@@ -298,65 +504,22 @@ def attention_bwd_fused_sm90_kernel(
         steps_per_head = gl.where(start_n < seqlen_k, steps_per_head, 0)
     total = steps_per_head * gqa_group_size
 
-    # K, V and dSᵀ have a leading dim of 1: the compute warpgroups index it (see `kept`).
-    k_smem = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape,
-                                       q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape,
-                                        do_desc.layout)
-    # A stage's lse and delta rows: [1, 1, BLOCK_M] as TMA's box (packed: the loader's stores).
-    rows_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
-                                                     rank=3)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 1, BLOCK_M], rows_layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, 1, 1, BLOCK_M], rows_layout)
-    ds_smem = gl.allocate_shared_memory(
-        dtype, [1, BLOCK_N, BLOCK_M],
-        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
-                                        dq_desc.layout)
-    # The compute warpgroups' "done reading" barriers take an arrival from each warpgroup, or
-    # from each of their threads.
-    RELEASES: gl.constexpr = 256 if PER_THREAD_RELEASE else 2
-    kv_ready = _barriers(1)
-    ready = _barriers(NUM_STAGES)
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(empty.index(s), count=RELEASES)
-    ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(ds_ready.index(0), count=2)
-    mbarrier.init(ds_free.index(0), count=RELEASES)
-    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    dq_empty = _barriers(2)
-    for b in gl.static_range(2):
-        mbarrier.init(dq_full.index(b), count=2)
-
+    work = Work(batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size, seqlen_q,
+                seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2, zero, CAUSAL,
+                VARLEN, PER_THREAD_RELEASE)
+    rings = Rings.allocate(q_desc, k_desc, v_desc, do_desc, dq_desc, NUM_STAGES,
+                           PER_THREAD_RELEASE)
+    grads = Grads(dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
+                  stride_dvh, HEAD_DIM, HEAD_DIM_V)
     # The first compute warpgroup is the default partition: a worker partition of 4 warps gets
-    # the kernel's launch register limit and spills. The two argument tuples are spelled out:
-    # a tuple held in a variable turns its constexprs into runtime values (sm90.py says more).
+    # the kernel's launch register limit and spills. Arguments are aggregates, which carry
+    # their constexprs (sm90.py says why a plain tuple does not).
     gl.warp_specialize([
-        (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                              dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
-                              dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
-                              stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
-                              first_m, steps_per_head, total, gqa_group_size, seqlen_q, seqlen_k,
-                              k_start, shift, softmax_scale, softmax_scale_log2, zero, HEAD_DIM,
-                              HEAD_DIM_V, CAUSAL, VARLEN, 0, PER_THREAD_RELEASE)),
-        (_compute_partition, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                              dq_smem, kv_ready, ready, empty, ds_ready, ds_free, dq_full,
-                              dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh,
-                              stride_dvb, stride_dvs, stride_dvh, batch, kv_head, start_n,
-                              first_m, steps_per_head, total, gqa_group_size, seqlen_q, seqlen_k,
-                              k_start, shift, softmax_scale, softmax_scale_log2, zero, HEAD_DIM,
-                              HEAD_DIM_V, CAUSAL, VARLEN, 1, PER_THREAD_RELEASE)),
-        (_loader_partition, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem,
-                             v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
-                             empty, batch, kv_head, start_n, first_m, steps_per_head, total,
-                             gqa_group_size, q_start, k_start, lse_ptr, delta_ptr, total_q,
-                             VARLEN)),
-        (_dq_partition, (dq_desc, dq_smem, dq_full, dq_empty, batch, kv_head, first_m,
-                         steps_per_head, total, gqa_group_size, q_start)),
+        (_compute_partition, (work, rings, grads, 0)),
+        (_compute_partition, (work, rings, grads, 1)),
+        (_loader_partition, (work, rings, Inputs(q_desc, k_desc, v_desc, do_desc, lse_desc,
+                                                 delta_desc, lse_ptr, delta_ptr, total_q))),
+        (_dq_partition, (work, rings, dq_desc)),
     ], [4, 1, 1], [COMPUTE_REGS, WORKER_REGS, WORKER_REGS])
 
 
