@@ -53,7 +53,7 @@ for kernel in ("dkdv", "dq"):
             rows[f"{kernel}-bf16-D{d}-Dv{dv}-{'causal' if causal else 'full'}"] = compile_case(
                 kernel, d, dv, causal, torch.bfloat16)
     rows[f"{kernel}-fp16-D128-Dv128-causal"] = compile_case(kernel, 128, 128, True, torch.float16)
-for d, causal in ((128, False), (128, True), (96, True), (64, True)):
+for d, causal in ((128, False), (128, True), (96, True), (64, True), (64, False)):
     q = torch.empty(2, 1000, 4, d, dtype=torch.bfloat16)
     k = torch.empty(2, 1100, 2, d, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
@@ -67,7 +67,8 @@ for d, causal in ((128, False), (128, True), (96, True), (64, True)):
         "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
         "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
         "setmaxnreg": c.asm["ptx"].count("setmaxnreg"),
-        "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc")}
+        "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc"),
+        "register_a": len(re.findall(r"wgmma\.mma_async[^;]*\}, \{", c.asm["ptx"]))}
 q, k = torch.empty(2000, 4, 128, dtype=torch.bfloat16), torch.empty(2200, 2, 128, dtype=torch.bfloat16)
 lse, cu = torch.empty(4, 2000), torch.tensor([0, 1000, 2000], dtype=torch.int32)
 c = cross_compile_sm90(sm90_bwd_fused.fused_sm90_launch(
@@ -104,7 +105,7 @@ def compiled(compiled_all):
 def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_all):
     # Each compute warpgroup: sᵀ, dPᵀ (D/16 k-steps each, D padded), dV, dK (4: 64 queries),
     # dS K (8: 128 keys); dQ leaves by TMA reductions; the workers give registers back.
-    assert len(compiled_all["fused"]) == 5
+    assert len(compiled_all["fused"]) == 6
     for name, row in compiled_all["fused"].items():
         d = 1 << (int(name.split("-")[0][1:]) - 1).bit_length()
         assert row["shared"] <= SM90_SHARED_BYTES, (name, row)
@@ -116,6 +117,13 @@ def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_al
         assert (row["thread_arrives"] > 0) == ((d, causal) in sm90_bwd_fused.PER_THREAD_RELEASE), (
             name, row)
     assert len({row["thread_arrives"] > 0 for row in compiled_all["fused"].values()}) == 2
+    # Register A operands: Pᵀ of dV and dSᵀ of dK (4 k-steps each: 64 queries), and sᵀ's and
+    # dPᵀ's K and V rows (D/16 each) where KV_IN_REGISTERS holds them in registers.
+    for name, row in compiled_all["fused"].items():
+        if "register_a" in row:
+            d = 1 << (int(name.split("-")[0][1:]) - 1).bit_length()
+            kv_regs = (d, not name.endswith("full")) in sm90_bwd_fused.KV_IN_REGISTERS
+            assert row["register_a"] == 2 * (8 + (2 * d // 16 if kv_regs else 0)), (name, row)
 
 
 def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):

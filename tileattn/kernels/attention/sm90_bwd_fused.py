@@ -44,9 +44,12 @@ from .sm90_bwd import _a_operand_layout, _barriers, _mma_layout, _store_rows, ls
 
 # Padded head dim -> (keys a program (64 a compute warpgroup), queries a step, Q/dO ring stages).
 FUSED_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
-# (padded head dim, causal) whose compute warpgroups release the Q/dO stage and dSᵀ's buffer
-# by each thread's arrive, which measured faster there and slower elsewhere (docs/design.md).
+# Per (padded head dim, causal), what measured faster there and slower elsewhere
+# (docs/design.md, "Backward"): the compute warpgroups release the Q/dO stage and dSᵀ's buffer
+# by each thread's arrive; they hold their K and V rows in registers, the A operands of sᵀ and
+# dPᵀ, which saves shared-memory reads (at D=128 they spill).
 PER_THREAD_RELEASE = {(128, True)}
+KV_IN_REGISTERS = {(64, False)}
 COMPUTE_REGS = gl.constexpr(240)
 WORKER_REGS = gl.constexpr(24)
 
@@ -57,7 +60,8 @@ class Work:
     (from start_n) it owns, the steps it walks (total = steps_per_head query tiles from first_m,
     for each head of the GQA group, head-major), where the sequence starts in the (packed)
     tensors (q_start, k_start), its lengths and bottom-right shift, the softmax scale, and
-    `zero`, a runtime 0 (see `kept`)."""
+    `zero`, a runtime 0 (see `kept`). PER_THREAD_RELEASE and KV_REGS: the options of
+    PER_THREAD_RELEASE and KV_IN_REGISTERS."""
     batch: Scalar
     kv_head: Scalar
     start_n: Scalar
@@ -76,11 +80,12 @@ class Work:
     CAUSAL: gl.constexpr
     VARLEN: gl.constexpr
     PER_THREAD_RELEASE: gl.constexpr
+    KV_REGS: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size,
                  seqlen_q, seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2,
-                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE):
+                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE, KV_REGS):
         self.batch = scalar(batch)
         self.kv_head = scalar(kv_head)
         self.start_n = scalar(start_n)
@@ -99,6 +104,7 @@ class Work:
         self.CAUSAL = gl.constexpr(CAUSAL)
         self.VARLEN = gl.constexpr(VARLEN)
         self.PER_THREAD_RELEASE = gl.constexpr(PER_THREAD_RELEASE)
+        self.KV_REGS = gl.constexpr(KV_REGS)
 
     @gluon.jit
     def step_coords(self, i, BLOCK_M: gl.constexpr):
@@ -375,6 +381,12 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
     dk = gl.zeros([ROWS, D], gl.float32, layout=dk_layout)
     dv = gl.zeros([ROWS, DV], gl.float32, layout=dv_layout)
     mbarrier.wait(rings.kv_ready.index(0), 0)
+    if work.KV_REGS:
+        # This warpgroup's K and V rows, loaded once: the A operands of sᵀ and dPᵀ.
+        k_regs = k_smem.index(0).reshape([BLOCK_N, D]).slice(HALF * ROWS, ROWS, dim=0).load(
+            _a_operand_layout(s_layout, dtype))
+        v_regs = v_smem.index(0).reshape([BLOCK_N, DV]).slice(HALF * ROWS, ROWS, dim=0).load(
+            _a_operand_layout(s_layout, dtype))
     for i in range(work.total):
         stage = i % NUM_STAGES
         first_q = (work.first_m + i % work.steps_per_head) * BLOCK_M
@@ -391,8 +403,15 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
         mbarrier.wait(rings.ready.index(stage), (i // NUM_STAGES) & 1)
         q_op = q_smem.index(stage).reshape([BLOCK_M, D])
         do_op = do_smem.index(stage).reshape([BLOCK_M, DV])
-        s_t = warpgroup_mma(k_op, q_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp_t = warpgroup_mma(v_op, do_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if work.KV_REGS:
+            s_t = warpgroup_mma(k_regs, q_op.permute((1, 0)), s_zero, use_acc=False,
+                                is_async=True)
+            dp_t = warpgroup_mma(v_regs, do_op.permute((1, 0)), s_zero, use_acc=False,
+                                 is_async=True)
+        else:
+            s_t = warpgroup_mma(k_op, q_op.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp_t = warpgroup_mma(v_op, do_op.permute((1, 0)), s_zero, use_acc=False,
+                                 is_async=True)
         s_t = warpgroup_mma_wait(1, deps=(s_t,))
         lse_log2 = lse_base2(rings.lse_smem.index(stage).reshape([BLOCK_M]).load(
             gl.SliceLayout(0, s_layout)))
@@ -465,6 +484,7 @@ def attention_bwd_fused_sm90_kernel(
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, total_q, total_k,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
     NUM_STAGES: gl.constexpr, VARLEN: gl.constexpr, PER_THREAD_RELEASE: gl.constexpr,
+    KV_REGS: gl.constexpr,
 ):
     """Grid (key blocks of BLOCK_N, num_kv_heads, batch); 4 warps (a compute warpgroup) plus
     the workers.
@@ -506,7 +526,7 @@ def attention_bwd_fused_sm90_kernel(
 
     work = Work(batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size, seqlen_q,
                 seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2, zero, CAUSAL,
-                VARLEN, PER_THREAD_RELEASE)
+                VARLEN, PER_THREAD_RELEASE, KV_REGS)
     rings = Rings.allocate(q_desc, k_desc, v_desc, do_desc, dq_desc, NUM_STAGES,
                            PER_THREAD_RELEASE)
     grads = Grads(dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
@@ -573,6 +593,7 @@ def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bo
         total_q=q.shape[1], total_k=k.shape[1])
     constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
                       NUM_STAGES=num_stages, VARLEN=packed,
-                      PER_THREAD_RELEASE=(dim, causal) in PER_THREAD_RELEASE)
+                      PER_THREAD_RELEASE=(dim, causal) in PER_THREAD_RELEASE,
+                      KV_REGS=(dim, causal) in KV_IN_REGISTERS)
     grid = (-(-seqlen_k // block_n), k.shape[2], batch)
     return KernelLaunch(attention_bwd_fused_sm90_kernel, grid, args, constexprs, 4, 1)
