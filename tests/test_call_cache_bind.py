@@ -72,7 +72,7 @@ def test_hopper_replays_rebase_descriptors_and_rebuild_lists(packed, monkeypatch
     assert args["softmax_scale_log2"] == pytest.approx(0.25 * 1.4426950408889634)
     if packed:
         assert args["cu_seqlens_q_ptr"] is new_cu_q
-        expected = varlen_work_lists(new_cu_q, cu_k, 4, launch.args["num_m_blocks"],
+        expected = varlen_work_lists(new_cu_q, cu_k, 4, k.shape[-2], launch.args["num_m_blocks"],
                                      launch.constexprs["BLOCK_M"], launch.constexprs["BLOCK_N"],
                                      True, launch.grid[0])
         for name, tensor in zip(("tile_ids_ptr", "tile_starts_ptr", "tile_ends_ptr"), expected):

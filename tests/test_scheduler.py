@@ -7,6 +7,8 @@ from tileattn.scheduler import (heads_per_group, prefill_work_lists, prefill_wor
                                 varlen_work_lists,
                                 weighted_work_lists_python)
 
+from tileattn.scheduler.prefill import VARLEN_COST_BAND
+
 from .compile_helpers import run_without_interpreter
 
 SHAPES = [(1, 1, 132), (8, 128, 132), (128, 128, 132), (33, 7, 132), (5, 3, 4), (131, 1, 132),
@@ -94,18 +96,19 @@ def test_weighted_lists_cover_every_tile_and_balance(group_heads):
     assert uniform == prefill_work_lists_python(4, 3, True, 1, 3)[0]
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2, 6])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_lists_hold_every_tile_once_and_balance(causal):
+def test_varlen_lists_hold_every_tile_once_and_balance(causal, kv_heads):
     """Packed sequences: every tile of the longest sequence's grid once, each program's real
     tiles [start, end) before those past their sequence's end, and programs' work within the
     costliest tile of each other."""
     lengths_q = [1000, 0, 1, 3000, 517, 64, 300]
     lengths_k = [1200, 77, 1, 3000, 0, 64, 129]
     cu_q, cu_k = (torch.tensor([0] + l).cumsum(0).to(torch.int32) for l in (lengths_q, lengths_k))
-    heads, block_m, block_n, programs = 3, 128, 128, 5
+    heads, block_m, block_n, programs = 6, 128, 128, 5
     num_m_blocks = -(-max(lengths_q) // block_m)
-    tile_ids, starts, ends = varlen_work_lists(cu_q, cu_k, heads, num_m_blocks, block_m,
-                                               block_n, causal, programs)
+    tile_ids, starts, ends = varlen_work_lists(cu_q, cu_k, heads, kv_heads, num_m_blocks,
+                                               block_m, block_n, causal, programs)
     assert sorted(tile_ids.tolist()) == list(range(len(lengths_q) * heads * num_m_blocks))
     assert starts.tolist()[-1] == len(tile_ids) and starts.dtype == ends.dtype == torch.int32
 
@@ -123,6 +126,25 @@ def test_varlen_lists_hold_every_tile_once_and_balance(causal):
         assert all(cost(t) == 0 for t in tile_ids[end:next_start].tolist())
     loads = [sum(cost(t) for t in tile_ids[a:b].tolist()) for a, b, _ in ranges]
     assert max(loads) - min(loads) <= max(cost(t) for t in range(len(tile_ids)))
+    # In list order (the snake undone), real tiles come as one kv head's query heads together,
+    # and a sequence's tiles within a cost band by kv head.
+    group = heads // kv_heads
+    listed = []
+    for position in range(sum(b - a for a, b, _ in ranges)):
+        lap, lane = divmod(position, programs)
+        program = lane if lap % 2 == 0 else programs - 1 - lane
+        listed.append(int(tile_ids[starts[program] + lap]))
+    for first in range(0, len(listed), group):
+        block = listed[first:first + group]
+        assert sorted(t // num_m_blocks % heads for t in block) == list(
+            range(block[0] // num_m_blocks % heads // group * group,
+                  block[0] // num_m_blocks % heads // group * group + group))
+        assert len({(t % num_m_blocks, t // num_m_blocks // heads) for t in block}) == 1
+    items = [(cost(t) // VARLEN_COST_BAND, t // num_m_blocks // heads,
+              t // num_m_blocks % heads // group) for t in listed[::group]]
+    for (band, sequence, kv_head), following in zip(items, items[1:]):
+        if following[:2] == (band, sequence):
+            assert following[2] >= kv_head
 
 
 WORK_LISTS_CHILD = r'''
@@ -130,15 +152,15 @@ import json, torch
 from tileattn.kernels import work_lists
 from tileattn.kernels.compile import cross_compile
 cu = torch.zeros(9, dtype=torch.int32)
-keys = torch.empty(8 * 5, dtype=torch.int64)
+keys = torch.empty(8 * 5 * 4, dtype=torch.int64)
 real = torch.zeros(1, dtype=torch.int32)
-order = torch.empty(8 * 5, dtype=torch.int64)
+order = torch.empty(8 * 5 * 4, dtype=torch.int64)
 starts = torch.zeros(133, dtype=torch.int32)
 tile_ids = torch.empty(8 * 5 * 32, dtype=torch.int32)
 ends = torch.empty(132, dtype=torch.int32)
-launches = [work_lists.pair_keys_launch(cu, cu, keys, real, 5, 128, 128, True, 16),
-            work_lists.pair_keys_launch(cu, cu, keys, real, 5, 128, 64, False, 16),
-            work_lists.place_tiles_launch(order, starts, real, tile_ids, ends, 5, 32)]
+launches = [work_lists.item_keys_launch(cu, cu, keys, real, 5, 4, 128, 128, True, 16),
+            work_lists.item_keys_launch(cu, cu, keys, real, 5, 4, 128, 64, False, 16),
+            work_lists.place_tiles_launch(order, starts, real, tile_ids, ends, 5, 32, 4)]
 print(json.dumps([[cap, cross_compile(launch, cap).shared_bytes] for cap in (80, 89, 90)
                   for launch in launches]))
 '''
@@ -155,5 +177,5 @@ def test_varlen_list_kernels_compile_for_every_chip():
 def test_varlen_lists_without_queries_end_where_they_start(lengths):
     """No sequence or only empty ones: every program's list ends where it starts."""
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
-    tile_ids, starts, ends = varlen_work_lists(cu, cu, 4, 1, 128, 128, True, 3)
+    tile_ids, starts, ends = varlen_work_lists(cu, cu, 4, 2, 1, 128, 128, True, 3)
     assert len(tile_ids) == len(lengths) * 4 and torch.equal(ends, starts[:-1])

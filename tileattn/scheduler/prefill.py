@@ -113,31 +113,34 @@ VARLEN_COST_BAND = 16
 
 
 def varlen_work_lists(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, num_heads: int,
-                      num_m_blocks: int, block_m: int, block_n: int, causal: bool,
+                      num_kv_heads: int, num_m_blocks: int, block_m: int, block_n: int,
+                      causal: bool,
                       num_programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tile_ids, starts, ends) of the Hopper kernel's packed sequences, built on cu_seqlens' device
     without reading them (no synchronisation; CUDA-graph capturable): every tile id m_block +
     num_m_blocks·(sequence·num_heads + head) of the longest sequence's grid, each tile costed
     by its key blocks (causal: bottom-right per sequence), tiles past their sequence's end
     last at cost 0. The costliest first in bands of VARLEN_COST_BAND key blocks, within a band
-    one sequence's tiles together (costliest first), so that the programs running at once
-    share its K/V in L2; a pair's heads (GQA groups) stay together. Programs take the list in
-    a snake (0..P-1, P-1..0, ...), which balances a descending list without a host-side LPT.
-    Program p runs tile_ids[starts[p]:ends[p]]: its tiles that hold queries.
+    one sequence's tiles together, by kv head (costliest first), so that the programs running
+    at once share one kv head's K/V in L2; the query heads of a kv head stay together.
+    Programs take the list in a snake (0..P-1, P-1..0, ...), which balances a descending list
+    without a host-side LPT. Program p runs tile_ids[starts[p]:ends[p]]: its tiles that hold
+    queries.
 
-    Two kernels and one sort of the (sequence, query block) pairs (kernels/work_lists.py)."""
+    Two kernels and one sort of the (sequence, query block, kv head) items
+    (kernels/work_lists.py)."""
     device = cu_seqlens_q.device
     batch = cu_seqlens_q.shape[0] - 1
-    keys = torch.empty(batch * num_m_blocks, dtype=torch.int64, device=device)
-    real_pairs = torch.zeros(1, dtype=torch.int32, device=device)
-    work_lists.pair_keys_launch(cu_seqlens_q, cu_seqlens_k, keys, real_pairs, num_m_blocks,
-                                block_m, block_n, causal, VARLEN_COST_BAND).run()
+    keys = torch.empty(batch * num_m_blocks * num_kv_heads, dtype=torch.int64, device=device)
+    real_items = torch.zeros(1, dtype=torch.int32, device=device)
+    work_lists.item_keys_launch(cu_seqlens_q, cu_seqlens_k, keys, real_items, num_m_blocks,
+                                num_kv_heads, block_m, block_n, causal, VARLEN_COST_BAND).run()
     order = torch.argsort(keys, stable=True)
     starts = _snake_starts(batch * num_heads * num_m_blocks, num_programs, str(device))
     tile_ids = torch.empty(batch * num_heads * num_m_blocks, dtype=torch.int32, device=device)
     ends = torch.empty(num_programs, dtype=torch.int32, device=device)
-    work_lists.place_tiles_launch(order, starts, real_pairs, tile_ids, ends, num_m_blocks,
-                                  num_heads).run()
+    work_lists.place_tiles_launch(order, starts, real_items, tile_ids, ends, num_m_blocks,
+                                  num_heads, num_kv_heads).run()
     return tile_ids, starts, ends
 
 

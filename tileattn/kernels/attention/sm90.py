@@ -283,8 +283,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         tile_ids, tile_starts = block_plan.tile_ids, block_plan.tile_starts
     elif sequences is not None and q.is_cuda:
         tile_ids, tile_starts, tile_ends = varlen_work_lists(
-            sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_m_blocks, block_m,
-            block_n, causal, programs)
+            sequences.cu_seqlens_q, sequences.cu_seqlens_k, num_q_heads, num_kv_heads,
+            num_m_blocks, block_m, block_n, causal, programs)
     elif sequences is not None:     # cross-compiling on a CPU: the lists' values are never read
         tile_ids = torch.zeros(num_tiles, dtype=torch.int32)
         tile_starts = torch.zeros(programs + 1, dtype=torch.int32)
@@ -341,6 +341,7 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
     packed = constexprs["VARLEN"]
     tile_ids, tile_starts = args["tile_ids_ptr"], args["tile_starts_ptr"]   # dense: per shape
     num_q_heads, num_m_blocks = args["num_q_heads"], args["num_m_blocks"]
+    num_kv_heads = num_q_heads // args["gqa_group_size"]
     block_m, block_n, causal = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["CAUSAL"]
     programs = launch.grid[0]
 
@@ -354,8 +355,8 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
         if packed:
             q, k, v, out = (x.unsqueeze(0) for x in (q, k, v, out))
             ids, starts, ends = varlen_work_lists(cu_seqlens_q, cu_seqlens_k, num_q_heads,
-                                                  num_m_blocks, block_m, block_n, causal,
-                                                  programs)
+                                                  num_kv_heads, num_m_blocks, block_m, block_n,
+                                                  causal, programs)
             lists = dict(tile_ids_ptr=ids, tile_starts_ptr=starts, tile_ends_ptr=ends,
                          cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k)
         else:
