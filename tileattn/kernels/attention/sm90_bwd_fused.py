@@ -395,6 +395,8 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
         # registers across the loop and spilled.
         kept = gl.minimum(i, work.zero)
         k_tile = k_smem.index(kept).reshape([BLOCK_N, D])
+        # sᵀ's and dPᵀ's shared-memory A operands (unused with KV_REGS; defined here, where
+        # the other variants' measured schedules have them).
         k_op = k_tile.slice(HALF * ROWS, ROWS, dim=0)
         v_op = v_smem.index(kept).reshape([BLOCK_N, DV]).slice(HALF * ROWS, ROWS, dim=0)
         k_columns = k_tile.slice(HALF * (D // 2), D // 2, dim=1)
