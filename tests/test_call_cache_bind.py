@@ -105,3 +105,18 @@ def test_portable_varlen_replays_take_the_calls_index_tensors(paged, monkeypatch
     assert args["cu_seqlens_q_ptr"] is new_cu_q and args["cu_seqlens_k_ptr"] is new_cu_k
     assert args["block_table_ptr"] is new_table
     assert args["softmax_scale_log2"] == pytest.approx(0.5 * 1.4426950408889634)
+
+
+def test_clear_all_forgets_every_call_cache():
+    """call_cache.clear_all empties the forward, varlen and backward caches alike (an A/B that
+    toggles a kernel setting must not replay the first variant's launch)."""
+    from tileattn.ops import attention as attention_op
+    from tileattn.ops import backward_cache
+    from tileattn.ops.call_cache import clear_all
+    caches = (attention_op._CALLS, attention_op._VARLEN_CALLS, backward_cache.CALLS)
+    for number, cache in enumerate(caches):
+        cache.put(("test signature", number), lambda: None)
+        assert cache.get(("test signature", number)) is not None
+    clear_all()
+    for number, cache in enumerate(caches):
+        assert cache.get(("test signature", number)) is None

@@ -31,6 +31,7 @@ class CallCache:
 
     def __init__(self):
         self._entries: dict[tuple, object] = {}
+        _ALL.append(self)
 
     def get(self, signature):
         return self._entries.get(signature) if signature is not None else None
@@ -44,6 +45,18 @@ class CallCache:
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+# Every call cache, for clear_all.
+_ALL: list[CallCache] = []
+
+
+def clear_all() -> None:
+    """Forget every bound launch of every call cache. A replay runs the kernel its signature
+    was first compiled with: whoever changes what the launchers read besides the signature
+    (a kernel setting toggled between the variants of an A/B) clears them first."""
+    for cache in _ALL:
+        cache.clear()
 
 
 _UNIT_DESCALES: dict[torch.device, torch.Tensor] = {}
