@@ -142,7 +142,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
                           HAS_LEFT: gl.constexpr, KV_BLOCK: gl.constexpr,
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
-                          MASK_MOD: gl.constexpr, VARLEN: gl.constexpr):
+                          MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
+                          WIDE_STORE: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -166,7 +167,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ();
-    SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem).
+    SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem). WIDE_STORE: 16-bit out,
+    stored in 16-byte rows through shared memory (Output).
     VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1], program p's tiles ending at
     tile_ends[p] (int32 [programs]; scheduler.varlen_work_lists): q, k, v descriptors of batch 1
     over [total, heads, head dim], out [total_q, num_q_heads, OUT_DIM] (stride_ob 0), lse
@@ -178,7 +180,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
                       KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
-                    RETURN_LSE)
+                    RETURN_LSE, WIDE_STORE)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
@@ -318,7 +320,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         KV_BLOCK=block_plan.kv_block_size if block_plan is not None else 0,
         SCORE_LINEAR=mods.is_linear(score_mod, causal, score_linear),
         SCORE_MOD=score_mod,
-        MASK_MOD=mask_mod, VARLEN=sequences is not None,
+        MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

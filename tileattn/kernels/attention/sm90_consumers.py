@@ -400,7 +400,10 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args, 
 class Output:
     """Where the epilogue writes: out (OUT_DIM columns, V's head dim; the tile may be wider, its
     padding is not stored) and, with RETURN_LSE, lse ([batch, heads, seqlen_q], or with VARLEN
-    packed [heads, total_q]: a head's row lse_stride_h long)."""
+    packed [heads, total_q]: a head's row lse_stride_h long). WIDE_STORE (16-bit out): O goes
+    through shared memory into 16-byte row pieces a thread; the accumulator's own layout stores
+    4 bytes at a time, and those stores held the epilogue up (docs/design.md, "Hopper forward
+    kernel")."""
     out_ptr: gl.tensor
     stride_ob: Scalar
     stride_os: Scalar
@@ -409,10 +412,11 @@ class Output:
     lse_stride_h: Scalar
     OUT_DIM: gl.constexpr
     RETURN_LSE: gl.constexpr
+    WIDE_STORE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
-                 RETURN_LSE):
+                 RETURN_LSE, WIDE_STORE):
         self.out_ptr = out_ptr
         self.stride_ob = scalar(stride_ob)
         self.stride_os = scalar(stride_os)
@@ -421,6 +425,7 @@ class Output:
         self.lse_stride_h = scalar(lse_stride_h)
         self.OUT_DIM = gl.constexpr(OUT_DIM)
         self.RETURN_LSE = gl.constexpr(RETURN_LSE)
+        self.WIDE_STORE = gl.constexpr(WIDE_STORE)
 
 
 @gluon.jit
@@ -431,17 +436,18 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
     # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-    out_rows = (tile.m_block * problem.BLOCK_M + wg.HALF * wg.ROWS
-                + gl.arange(0, wg.ROWS, layout=o_rows))
-    out_cols = gl.arange(0, wg.HEAD_DIM_V, layout=gl.SliceLayout(0, wg.o_layout))
-    out_ptrs = (output.out_ptr + tile.batch.to(gl.int64) * output.stride_ob
-                + tile.head.to(gl.int64) * output.stride_oh
-                + gl.expand_dims((tile.q_start + out_rows).to(gl.int64) * output.stride_os, 1)
-                + gl.expand_dims(out_cols, 0))
-    out_mask = gl.expand_dims(out_rows < tile.seqlen_q, 1)
-    if output.OUT_DIM != wg.HEAD_DIM_V:
-        out_mask = out_mask & gl.expand_dims(out_cols < output.OUT_DIM, 0)
-    gl.store(out_ptrs, acc.to(output.out_ptr.dtype.element_ty), mask=out_mask)
+    values = acc.to(output.out_ptr.dtype.element_ty)
+    if output.WIDE_STORE:
+        # The accumulator's thread holds 2 adjacent columns in 8; 8 adjacent ones here.
+        # wgmma gives each warp 16 of the partition's rows: ROWS // 16 warps.
+        COLUMN_THREADS: gl.constexpr = wg.HEAD_DIM_V // 8
+        store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS,
+                                                               COLUMN_THREADS],
+                                                      [wg.ROWS // 16, 1], [1, 0])
+        values = gl.convert_layout(values, store_layout)
+        _store_rows(values, tile, output, wg, store_layout)
+    else:
+        _store_rows(values, tile, output, wg, wg.o_layout)
     if output.RETURN_LSE:
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
         if problem.VARLEN:
@@ -451,6 +457,22 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
             batch_head = tile.batch * problem.num_q_heads + tile.head
             lse_ptrs = output.lse_ptr + batch_head.to(gl.int64) * problem.seqlen_q + rows
         gl.store(lse_ptrs, lse, mask=rows < tile.seqlen_q)
+
+
+@gluon.jit
+def _store_rows(values, tile, output, wg, layout: gl.constexpr):
+    """Store this partition's ROWS x HEAD_DIM_V tile of out, values in `layout`."""
+    out_rows = (tile.m_block * wg.problem.BLOCK_M + wg.HALF * wg.ROWS
+                + gl.arange(0, wg.ROWS, layout=gl.SliceLayout(1, layout)))
+    out_cols = gl.arange(0, wg.HEAD_DIM_V, layout=gl.SliceLayout(0, layout))
+    out_ptrs = (output.out_ptr + tile.batch.to(gl.int64) * output.stride_ob
+                + tile.head.to(gl.int64) * output.stride_oh
+                + gl.expand_dims((tile.q_start + out_rows).to(gl.int64) * output.stride_os, 1)
+                + gl.expand_dims(out_cols, 0))
+    out_mask = gl.expand_dims(out_rows < tile.seqlen_q, 1)
+    if output.OUT_DIM != wg.HEAD_DIM_V:
+        out_mask = out_mask & gl.expand_dims(out_cols < output.OUT_DIM, 0)
+    gl.store(out_ptrs, values, mask=out_mask)
 
 
 @gluon.jit
