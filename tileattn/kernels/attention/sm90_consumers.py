@@ -445,9 +445,9 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
                                                                COLUMN_THREADS],
                                                       [wg.ROWS // 16, 1], [1, 0])
         values = gl.convert_layout(values, store_layout)
-        _store_rows(values, tile, output, wg, store_layout)
+        _write_out(values, tile, output, wg, store_layout)
     else:
-        _store_rows(values, tile, output, wg, wg.o_layout)
+        _write_out(values, tile, output, wg, wg.o_layout)
     if output.RETURN_LSE:
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
         if problem.VARLEN:
@@ -460,7 +460,7 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
 
 
 @gluon.jit
-def _store_rows(values, tile, output, wg, layout: gl.constexpr):
+def _write_out(values, tile, output, wg, layout: gl.constexpr):
     """Store this partition's ROWS x HEAD_DIM_V tile of out, values in `layout`."""
     out_rows = (tile.m_block * wg.problem.BLOCK_M + wg.HALF * wg.ROWS
                 + gl.arange(0, wg.ROWS, layout=gl.SliceLayout(1, layout)))
