@@ -210,23 +210,32 @@ def backward_workspace(q: torch.Tensor, lse: torch.Tensor, deterministic: bool):
     return delta, dq_accum
 
 
+def _hopper_masks(arch: Arch, block_mask, score_mod, mask_mod, window_left: int,
+                  window_right: int) -> bool:
+    """What the Gluon backward kernels mask: sm90, no hooks, no block mask, no window but
+    causal's."""
+    return (arch.name == "sm90" and block_mask is None and score_mod is None
+            and mask_mod is None and window_left < 0 and window_right in (-1, 0))
+
+
 def gluon_applies(q, k, v, dout, arch: Arch, is_varlen: bool, block_mask,
                   score_mod, mask_mod, window_left: int, window_right: int) -> bool:
-    """Whether sm90_bwd's Gluon kernels can compute this call: sm90, dense, no hooks, block
-    mask or window but causal's, inputs sm90_bwd.supports() accepts (each kernel then runs
-    where its table has a row for the head dims)."""
-    return (arch.name == "sm90" and not is_varlen and block_mask is None
-            and score_mod is None and mask_mod is None and window_left < 0
-            and window_right in (-1, 0) and sm90_bwd.supports(q, k, v, dout))
+    """Whether sm90_bwd's Gluon kernels can compute this call: dense inputs sm90_bwd.supports()
+    accepts with _hopper_masks' masks (each kernel then runs where its table has a row for the
+    head dims)."""
+    return (not is_varlen and _hopper_masks(arch, block_mask, score_mod, mask_mod, window_left,
+                                            window_right)
+            and sm90_bwd.supports(q, k, v, dout))
 
 
 def fused_applies(q, k, v, dout, lse, arch: Arch, kernel: str, *, is_varlen: bool, score_mod,
-                  window_left: int, window_right: int) -> bool:
-    """Whether a non-deterministic backward of these dense inputs runs sm90_bwd_fused's kernel
-    (kernel: dispatch.backward_kernel's choice): the ops then take the atomic dQ, elsewhere the
-    fixed-order pass."""
-    return (kernel == "sm90" and arch.name == "sm90" and score_mod is None and window_left < 0
-            and window_right in (-1, 0) and sm90_bwd_fused.supports(q, k, v, dout, lse, is_varlen))
+                  window_left: int, window_right: int, block_mask=None, mask_mod=None) -> bool:
+    """Whether a non-deterministic backward of these dense or packed inputs runs
+    sm90_bwd_fused's kernel (kernel: dispatch.backward_kernel's choice): the ops then take the
+    atomic dQ, elsewhere the fixed-order pass."""
+    return (kernel == "sm90" and _hopper_masks(arch, block_mask, score_mod, mask_mod,
+                                               window_left, window_right)
+            and sm90_bwd_fused.supports(q, k, v, dout, lse, is_varlen))
 
 
 def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, causal: bool,
@@ -313,10 +322,11 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                                                  score_mod, mask_mod, window_left, window_right)
     width = sm90_bwd.width(q, v)
     shared = {}     # the Gluon kernels' common arguments, made once where their tiles match
-    if (atomic_dq and dkdv_tiles_given is None and block_mask is None and mask_mod is None
+    if (atomic_dq and dkdv_tiles_given is None
             and fused_applies(q, k, v, dout, lse, arch, kernel, is_varlen=is_varlen,
                               score_mod=score_mod, window_left=window_left,
-                              window_right=window_right)):
+                              window_right=window_right, block_mask=block_mask,
+                              mask_mod=mask_mod)):
         dkdv = sm90_bwd_fused.fused_sm90_launch(
             q, k, v, dout, lse, delta, dq_accum, dk, dv, causal=window_right == 0,
             softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
