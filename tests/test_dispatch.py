@@ -50,14 +50,35 @@ def test_short_contexts_stay_portable_where_the_launch_outlasts_the_kernel():
                                   "sm100", "misaligned", "k-major-v"])
 def test_portable_kernel_elsewhere(case):
     arch = {"sm80": SM80, "sm89": SM89, "sm100": SM100}.get(case, SM90)
+    short = case.startswith("short") or case == "fp8"
     q, k, v = inputs(torch.float8_e4m3fn if case == "fp8" else torch.bfloat16,
-                     64 if case == "d64" else 128, 2048 if case.startswith("short") else 4096,
-                     heads=8 if case.startswith("short") else 32)
+                     64 if case == "d64" else 128, 2048 if short else 4096,
+                     heads=8 if short else 32)
     if case in ("fp8", "k-major-v"):
         v = prepare_v(v)
     if case == "misaligned":  # rows of 132 bf16 (264 B): strides TMA cannot address
         q = torch.empty(1, 4096, 32, 132, dtype=torch.bfloat16)[..., :128]
     assert kernel(arch, q, k, v, case == "short-causal") == "portable"
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_takes_the_hopper_kernel_with_enough_work(dtype):
+    """FP8 from 2^36 of work (halved under a causal mask), D != 64, V K-major (as the call
+    copies it), descales per tensor or head; block descales and row-major V stay portable."""
+    for head_dim, seqlen in ((128, 4096), (256, 4096), (96, 8192)):
+        q, k, v = inputs(dtype, head_dim, seqlen)
+        assert kernel(SM90, q, k, prepare_v(v), False) == "sm90"
+        assert kernel(SM90, q, k, v, False) == "portable"               # row-major V
+    q, k, v = inputs(dtype, 128)
+    assert kernel(SM90, q, k, prepare_v(v), True) == "portable"         # 2^35
+    q, k, v = inputs(dtype, 64)
+    assert kernel(SM90, q, k, prepare_v(v), False) == "portable"
+    q, k, v = inputs(dtype, 128, seqlen=8192)
+    per_head, per_block = torch.ones(1, 32), torch.ones(1, 32, 64)
+    assert dispatch.attention_kernel(SM90, q, k, prepare_v(v), True, AUTO,
+                                     (per_head, per_head, per_head)) == "sm90"
+    assert dispatch.attention_kernel(SM90, q, k, prepare_v(v), True, AUTO,
+                                     (per_block, per_block, per_head)) == "portable"
 
 
 def test_settings_force_either_kernel_where_it_runs():
@@ -66,8 +87,12 @@ def test_settings_force_either_kernel_where_it_runs():
     q, k, v = inputs(head_dim=64, seqlen=128)
     assert kernel(SM90, q, k, v, True, dispatch.Settings(attention="sm90")) == "sm90"
     # Forcing never sends inputs to a kernel that cannot run them.
-    q8, k8, v8 = inputs(torch.float8_e4m3fn)
-    assert kernel(SM90, q8, k8, prepare_v(v8), False, dispatch.Settings(attention="sm90")) == "portable"
+    q8, k8, v8 = inputs(torch.float8_e4m3fn, seqlen=128)
+    forced = dispatch.Settings(attention="sm90")
+    assert kernel(SM90, q8, k8, prepare_v(v8), False, forced) == "sm90"
+    block = torch.ones(1, 32, 1)
+    assert dispatch.attention_kernel(SM90, q8, k8, prepare_v(v8), False, forced,
+                                     (block, block, torch.ones(1, 32))) == "portable"
     assert kernel(SM80, q, k, v, False, dispatch.Settings(attention="sm90")) == "portable"
 
 

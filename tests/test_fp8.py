@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import tileattn
+from tileattn import fp8
 from tileattn.fp8 import is_k_major
 
 
@@ -44,6 +45,28 @@ def test_transpose_kernel(head_dim):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fused = torch.randn(2, 77, 2, 3, head_dim, device=device).to(torch.float8_e4m3fn)
     v = fused[:, :, 1]  # strided, as when sliced from a fused kv buffer
-    out = torch.zeros(2, 3, head_dim, 77, dtype=v.dtype, device=device)
+    # Rows of 80 keys (whole groups of 16), the padding zero-filled.
+    out = torch.full((2, 3, head_dim, 80), float("nan"), device=device).to(v.dtype)
     transpose_v_launch(v, out).run()
-    assert torch.equal(out.permute(0, 3, 1, 2).float(), v.float())
+    assert torch.equal(out[..., :77].permute(0, 3, 1, 2).float(), v.float())
+    assert (out[..., 77:].float() == 0).all()
+
+
+@pytest.mark.parametrize("seqlen", [1, 17, 40, 64, 100])
+def test_grouped_key_order(seqlen):
+    """k_major_copy(grouped=True) stores key 16a + 8j + 2q + b at column 16a + 4q + 2j + b of
+    each group of 16 (the order in which wgmma's threads hold S columns), padding zero."""
+    from tileattn.kernels.attention.layout import k_major_width
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    v = torch.randn(2, seqlen, 3, 64, device=device).to(torch.float8_e4m3fn)
+    width = k_major_width(seqlen)
+    buffer = fp8._k_major_storage(fp8.k_major_copy(v, grouped=True)).float()
+    column = [key - key % 16 + (key % 8 // 2) * 4 + (key % 16 // 8) * 2 + key % 2
+              for key in range(width)]
+    padded = torch.zeros(2, width, 3, 64, device=device)
+    padded[:, :seqlen] = v.float()
+    expected = torch.zeros(2, 3, 64, width, device=device)
+    expected[..., column] = padded.permute(0, 2, 3, 1)
+    assert torch.equal(buffer, expected)
+    natural = fp8.k_major_copy(v)
+    assert natural.shape == v.shape and torch.equal(natural.float(), v.float())

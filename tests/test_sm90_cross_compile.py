@@ -17,10 +17,13 @@ from tileattn.kernels.attention import sm90
 from tileattn.kernels.compile import cross_compile_sm90
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from tileattn.kernels.attention.layout import k_major_width
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn,
+          "e5m2": torch.float8_e5m2}
 
 def key_loops(sass):
-    """The SASS of the innermost loops (backward branches) that hold an HGMMA."""
+    """The SASS of the innermost loops (backward branches) that hold a wgmma (HGMMA, or QGMMA
+    for FP8)."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in
              re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
@@ -30,11 +33,13 @@ def key_loops(sass):
             loops.append((int(target.group(1), 16), address))
     inner = [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops)]
     bodies = ["\n".join(t for x, t in lines if a <= x <= b) for a, b in inner]
-    return [body for body in bodies if "HGMMA" in body]
+    return [body for body in bodies if "GMMA" in body]
 
 def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones=False,
-                 softcap=0.0, window_left=-1):
+                 softcap=0.0, window_left=-1, grouped=False):
+    """grouped (FP8): V in grouped key order (layout.py), else natural order."""
     dtype = DTYPES[dtype_name]
+    fp8 = dtype_name in ("e4m3", "e5m2")
     head_dim_v = head_dim_v or head_dim
     # ones: one query, one key, one head, no lse (integer arguments folded to constants).
     sizes = (1, 1, 1, 1, 1) if ones else (2, 1000, 1024, 4, 2)
@@ -42,15 +47,21 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
     q = torch.empty(batch, seqlen_q, heads, head_dim, dtype=dtype)
     k = torch.empty(batch, seqlen_k, kv_heads, head_dim, dtype=dtype)
     v = torch.empty(batch, seqlen_k, kv_heads, head_dim_v, dtype=dtype)
-    assert sm90.supports(q, k, v, causal)
-    out = torch.empty(batch, seqlen_q, heads, head_dim_v, dtype=dtype)
+    descales = {}
+    if fp8:     # K-major V as fp8.k_major_copy makes it, descales per tensor
+        v = torch.empty(batch, kv_heads, head_dim_v, k_major_width(seqlen_k), dtype=dtype)
+        v = v[..., :seqlen_k].permute(0, 3, 1, 2)
+        descales = {name: torch.ones(()) for name in ("q_descale", "k_descale", "v_descale")}
+    assert sm90.supports(q, k, v, causal, tuple(descales.values()))
+    out = torch.empty(batch, seqlen_q, heads, head_dim_v,
+                      dtype=torch.bfloat16 if fp8 else dtype)
     lse = None if ones else torch.empty(batch, heads, seqlen_q)
-    config = sm90.config_for(head_dim, head_dim_v)
+    config = sm90.config_for(head_dim, head_dim_v, fp8)
     if split is not None:
         config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, 0.1, causal, softcap=softcap,
                                         window_left=window_left, config=config,
-                                        num_programs=132)
+                                        num_programs=132, v_keys_grouped=grouped, **descales)
     c = cross_compile_sm90(launch, 90)
     ptx = c.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -58,12 +69,13 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
         usage, sass = (subprocess.run([CUOBJDUMP, flag, f.name], capture_output=True,
                                       text=True).stdout for flag in ("-res-usage", "-sass"))
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-            "hgmma": sass.count("HGMMA"), "tma": ptx.count("cp.async.bulk.tensor"),
+            "hgmma": sass.count("GMMA"), "tma": ptx.count("cp.async.bulk.tensor"),
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "local": len(re.findall(r"\b(LDL|STL)\b", sass)),
             "st_shared_in_loop": sum(len(re.findall(r"\bSTS", body))
                                      for body in key_loops(sass)),
             "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+, (\d+)", ptx))),
+            "shfl_per_key_loop": [len(re.findall(r"\bSHFL", body)) for body in key_loops(sass)],
             "split": config.split, "tanh": sass.count("MUFU.TANH"),
             "wide_stores": sass.count("STG.E.128")}
 
@@ -89,6 +101,12 @@ ones = {f"bf16-D128-ones-{label(True, split)}": compile_case("bf16", 128, True, 
 softcap = {f"bf16-D{d}-{label(causal, split)}-softcap": compile_case("bf16", d, causal, split,
                                                                       softcap=30.0)
            for d, causal, split in ((128, True, None), (128, False, False), (256, False, None))}
+# FP8: V K-major, in grouped or natural key order.
+fp8 = {f"{name}-D{d}-{label(causal)}-{'grouped' if grouped else 'natural'}":
+       compile_case(name, d, causal, grouped=grouped)
+       for name, d, causal, grouped in (("e4m3", 128, False, True), ("e4m3", 128, True, True),
+                                        ("e4m3", 128, False, False), ("e4m3", 256, True, True),
+                                        ("e5m2", 128, False, True))}
 window = {f"bf16-D{d}-{label(causal, split)}-window": compile_case("bf16", d, causal, split,
                                                                     window_left=1023)
           for d, causal, split in ((128, True, None), (128, True, False), (256, False, None))}
@@ -158,7 +176,7 @@ flex = {"D128-mask": compile_flex(128, False, True), "D128-alibi": compile_flex(
         "D256-mask-256x128": compile_flex(256, False, True, (256, 128)),
         "D128-mask-128x64": compile_flex(128, False, True, (128, 64))}
 print(json.dumps({"rows": rows, "dims": dims, "ones": ones, "softcap": softcap,
-                  "window": window, "flex": flex, "varlen": varlen}))
+                  "window": window, "flex": flex, "varlen": varlen, "fp8": fp8}))
 '''
 
 
@@ -211,6 +229,22 @@ def test_softcap_compiles_fits_and_does_not_spill(compiled):
     for name, row in compiled["softcap"].items():
         _fits_and_runs_on_wgmma_tma(name, row)
         assert row["tanh"] > 0, name
+
+
+def test_fp8_compiles_fits_and_grouped_v_keys_leave_p_unshuffled(compiled):
+    """FP8 (K-major V, QGMMA): every row fits, runs on wgmma and TMA, keeps P in registers and
+    does not spill. With V in grouped key order, P's conversion to the 8-bit A operand is a
+    register renaming: a key loop's only shuffles are the row max and sum reductions (2 a
+    row, over the 4 threads of a quad: 8), where natural order needs more."""
+    rows = compiled["fp8"]
+    assert len(rows) == 5
+    for name, row in rows.items():
+        _fits_and_runs_on_wgmma_tma(name, row)
+        assert row["wide_stores"] > 0, (name, row)
+        if name.endswith("grouped"):
+            assert row["shfl_per_key_loop"] and set(row["shfl_per_key_loop"]) == {8}, (name, row)
+    natural = rows["e4m3-D128-full-natural"]["shfl_per_key_loop"]
+    assert natural and min(natural) > 8, natural
 
 
 def test_left_window_compiles_fits_and_does_not_spill(compiled):

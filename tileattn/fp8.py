@@ -10,8 +10,8 @@ import torch
 
 from .arch import FP8_DTYPES, arch_of, v_needs_k_major
 from .kernels import quantize
-from .kernels.attention.layout import (is_k_major, packed_v_width, transpose_packed_v_launch,
-                                       transpose_v_launch)
+from .kernels.attention.layout import (is_k_major, k_major_width, packed_v_width,
+                                       transpose_packed_v_launch, transpose_v_launch)
 from .kernels.runtime import interpreter_active, on_device
 
 
@@ -60,12 +60,21 @@ def prepare_v(v: torch.Tensor) -> torch.Tensor:
     return k_major_copy(v)
 
 
-def k_major_copy(v: torch.Tensor) -> torch.Tensor:
-    """V [B, S, H, D] (last dim contiguous) copied K-major by the transpose kernel."""
-    out = _k_major_buffer(v)
+def k_major_copy(v: torch.Tensor, grouped: bool = False,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """V [B, S, H, D] (last dim contiguous) copied K-major by the transpose kernel: a view of a
+    [B, H, D, width] buffer (kernels/attention/layout.py; keys in grouped order with
+    `grouped`, which only the Hopper kernel reads). out: k_major_like(v)'s view to fill."""
+    buffer = _k_major_buffer(v) if out is None else _k_major_storage(out)
     with on_device(v.device):
-        transpose_v_launch(v, out).run()
-    return out.permute(0, 3, 1, 2)
+        transpose_v_launch(v, buffer, grouped).run()
+    return _k_major_view(buffer, v.shape[1])
+
+
+def k_major_like(v: torch.Tensor) -> torch.Tensor:
+    """An unfilled view with the strides k_major_copy(v) will have (for kernel choices made
+    before the copy; k_major_copy(v, out=...) fills it)."""
+    return _k_major_view(_k_major_buffer(v), v.shape[1])
 
 
 def packed_k_major_copy(v: torch.Tensor, cu_seqlens_k: torch.Tensor,
@@ -83,20 +92,33 @@ def packed_k_major_copy(v: torch.Tensor, cu_seqlens_k: torch.Tensor,
 
 def _k_major_buffer(v: torch.Tensor) -> torch.Tensor:
     batch, seqlen, heads, head_dim = v.shape
-    return torch.empty((batch, heads, head_dim, seqlen), dtype=v.dtype, device=v.device)
+    return torch.empty((batch, heads, head_dim, k_major_width(seqlen)), dtype=v.dtype,
+                       device=v.device)
 
 
-def bind_k_major_copy(v: torch.Tensor):
+def _k_major_view(buffer: torch.Tensor, seqlen: int) -> torch.Tensor:
+    return buffer[..., :seqlen].permute(0, 3, 1, 2)
+
+
+def _k_major_storage(view: torch.Tensor) -> torch.Tensor:
+    """The whole [B, H, D, width] buffer behind a _k_major_view."""
+    batch, seqlen, heads, head_dim = view.shape
+    width = k_major_width(seqlen)
+    return torch.as_strided(view, (batch, heads, head_dim, width),
+                            (heads * head_dim * width, head_dim * width, width, 1))
+
+
+def bind_k_major_copy(v: torch.Tensor, grouped: bool = False):
     """k_major_copy for later V tensors of v's shape, strides, dtype and alignment, with its
     launch bound (the ops' call caches); None where it cannot be bound. Call it once first."""
-    bound = transpose_v_launch(v, _k_major_buffer(v)).bind()
+    bound = transpose_v_launch(v, _k_major_buffer(v), grouped).bind()
     if bound is None:
         return None
 
     def run(v: torch.Tensor) -> torch.Tensor:
         out = _k_major_buffer(v)
         bound.run(v_ptr=v, out_ptr=out)
-        return out.permute(0, 3, 1, 2)
+        return _k_major_view(out, v.shape[1])
     return run
 
 

@@ -156,3 +156,18 @@ def test_plan_is_cached_per_block_mask(launches):
         second = flex_attention(**arguments)
     assert torch.equal(first, second)
     assert id(arguments["block_mask"]) in before and plans() == before
+
+
+FP8_KINDS = ["causal", "document", "prefix_lm", "alibi", "softcap", "empty_rows"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("kind", FP8_KINDS)
+def test_fp8(kind, dtype, launches):
+    """FP8 with per-tensor descales: V copied K-major in grouped key order (ops/flex.py)."""
+    arguments = _arguments(kind, torch.float32, seqlen_q=1000, seqlen_k=1504)
+    for name in ("query", "key", "value"):
+        scale = torch.finfo(dtype).max / arguments[name].abs().amax()
+        arguments[name] = (arguments[name] * scale).to(dtype)
+        arguments[name[0] + "_descale"] = (1.0 / scale).to(torch.float32)
+    _check(arguments, launches)

@@ -62,10 +62,12 @@ def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
 
 
 @gluon.jit
-def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None):
+def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
+                   P_OFFSET: gl.constexpr = 0.0):
     """One block of the online softmax in base 2, on scores s whose invisible entries the
     caller has set to -inf (only when MASKED): returns (p, alpha, m_new, l_new). With
-    row_offset (a row vector), row r's scores are s * qk_scale + row_offset[r]."""
+    row_offset (a row vector), row r's scores are s * qk_scale + row_offset[r]. P_OFFSET
+    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step)."""
     row_max = gl.max(s, 1) * qk_scale
     if row_offset is not None:
         row_max = row_max + row_offset
@@ -75,10 +77,12 @@ def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_safe = m_new
+    shift = m_safe
     if row_offset is not None:
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe - row_offset, 1))
-    else:
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+        shift = m_safe - row_offset
+    if P_OFFSET != 0.0:
+        shift = shift - P_OFFSET
+    p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new

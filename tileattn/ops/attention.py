@@ -66,7 +66,7 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
     transposes_v = v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v)
     given_v = v
     if transposes_v:
-        v = fp8.k_major_copy(v)
+        v = fp8.k_major_like(given_v)    # filled once the kernel is chosen
     if is_fp8:
         # The kernel reads every descale; a missing one is 1.0.
         q_descale, k_descale, v_descale = _unit_if_none(device, q_descale, k_descale, v_descale)
@@ -75,15 +75,23 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
     # The Hopper kernel has softcap, ALiBi (its score hook) and left windows; a right window
     # bound other than causal's runs the portable one.
     hopper_masks = causal or window[1] == -1
-    kernel = (dispatch.attention_kernel(arch, q, k, v, causal, settings) if hopper_masks
+    kernel = (dispatch.attention_kernel(arch, q, k, v, causal, settings,
+                                        (q_descale, k_descale, v_descale)) if hopper_masks
               else "portable")
+    # A V copied here goes to the Hopper kernel in grouped key order (kernels/attention/
+    # layout.py): its FP8 P then feeds P @ V without a register shuffle.
+    grouped_v = transposes_v and kernel == "sm90"
+    if transposes_v:
+        v = fp8.k_major_copy(given_v, grouped_v, out=v)
     with on_device(device):
         if kernel == "sm90":
             from ..kernels.attention import sm90
             alibi = mods.alibi if alibi_slopes is not None else None
             launch = sm90.attention_sm90_launch(
                 q, k, v, out, lse, scale, causal, softcap=cap, window_left=window[0],
-                score_mod=alibi, mod_args=masks.mod_args if alibi is not None else ())
+                score_mod=alibi, mod_args=masks.mod_args if alibi is not None else (),
+                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                v_keys_grouped=grouped_v)
         else:
             launch = fwd.attention_launch(q, k, v, out, lse, q_descale, k_descale, v_descale,
                                           scale, causal, arch, masks=masks)
@@ -92,7 +100,7 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
             run_kernel = (sm90.bind_attention(launch, alibi) if kernel == "sm90"
                           else fwd.bind_attention(launch))
             _CALLS.put(signature, _replay(run_kernel, device, given_v if transposes_v else None,
-                                          out_shape, out_dtype, lse_shape, is_fp8))
+                                          out_shape, out_dtype, lse_shape, is_fp8, grouped_v))
     return (out, lse) if return_lse else out
 
 
@@ -125,11 +133,13 @@ def _fresh_outputs(device, out_shape, out_dtype, lse_shape):
     return out, lse
 
 
-def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, is_fp8):
+def _replay(run_kernel, device, transposed_v, out_shape, out_dtype, lse_shape, is_fp8,
+            grouped_v=False):
     """A call of a signature the checks passed. run_kernel(q, k, v, out, lse, q_descale,
     k_descale, v_descale, softmax_scale, mod_args) launches the chosen kernel; None when the
     launch cannot be replayed (then neither can the call)."""
-    prepare_v = fp8.bind_k_major_copy(transposed_v) if transposed_v is not None else None
+    prepare_v = (fp8.bind_k_major_copy(transposed_v, grouped_v) if transposed_v is not None
+                 else None)
     if run_kernel is None or (transposed_v is not None and prepare_v is None):
         return None
 

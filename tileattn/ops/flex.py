@@ -101,12 +101,22 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
     arch = arch_of(q.device)
     block_sizes = (None if block_mask_tensors is None else
                    (block_mask_tensors.q_block_size, block_mask_tensors.kv_block_size))
-    if dispatch.flex_kernel(arch, q, k, v, block_sizes, mask_mod, dispatch.current()) == "sm90":
+    descales = (q_descale, k_descale, v_descale)
+    given_v = v
+    transposes_v = v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v)
+    if transposes_v:
+        given_v = v.contiguous() if v.stride(0) == 0 else v
+        v = fp8.k_major_like(given_v)    # filled once the kernel is chosen
+    if dispatch.flex_kernel(arch, q, k, v, block_sizes, mask_mod, dispatch.current(),
+                            descales) == "sm90":
+        # A V copied here goes in grouped key order, as attention()'s (ops/attention.py).
+        if transposes_v:
+            v = fp8.k_major_copy(given_v, True, out=v)
         _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
-                      block_mask_tensors, score_linear)
+                      block_mask_tensors, score_linear, descales, transposes_v)
         return
-    if v_needs_k_major(arch, v.dtype) and not fp8.is_k_major(v):
-        v = fp8.k_major_copy(v.contiguous() if v.stride(0) == 0 else v)
+    if transposes_v:
+        v = fp8.k_major_copy(given_v, out=v)
     config = fwd.config_for(arch, q.shape[3], v.shape[3], q.dtype in FP8_DTYPES)
     if block_mask_tensors is not None:
         config = dataclasses.replace(
@@ -119,12 +129,13 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
 
 
 def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
-                  block_mask_tensors, score_linear) -> None:
-    """attention_with_mods on the Hopper kernel (dispatch.flex_kernel chose it)."""
+                  block_mask_tensors, score_linear, descales, v_keys_grouped) -> None:
+    """attention_with_mods on the Hopper kernel (dispatch.flex_kernel chose it); descales:
+    FP8's (q, k, v), v_keys_grouped: v is a grouped K-major copy."""
     from ..arch import num_sms
     from ..flex.tile_plan import tile_plan
     from ..kernels.attention import sm90
-    config = sm90.config_for(q.shape[3], v.shape[3])
+    config = sm90.config_for(q.shape[3], v.shape[3], q.dtype in FP8_DTYPES)
     plan = None
     if block_mask_tensors is not None:
         config = dataclasses.replace(
@@ -136,4 +147,6 @@ def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_arg
                          kv_bytes_per_key=(q.shape[3] + v.shape[3]) * q.element_size())
     sm90.attention_sm90_launch(q, k, v, out, lse, softmax_scale, False, config=config,
                                block_plan=plan, score_mod=score_mod, mask_mod=mask_mod,
-                               mod_args=tuple(mod_args), score_linear=score_linear).run()
+                               mod_args=tuple(mod_args), score_linear=score_linear,
+                               q_descale=descales[0], k_descale=descales[1],
+                               v_descale=descales[2], v_keys_grouped=v_keys_grouped).run()

@@ -13,10 +13,12 @@ tile is BLOCK_M (128) queries of one (batch, query head). Each program is two pa
     keeps in lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
 P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
 layout and fed to the second GEMM directly; the key loop carries P_j into the iteration that
-issues its P V.
+issues its P V (FP8: as fp32, packed there).
 
-16-bit inputs only, V row-major (supports()): FP8 runs the portable kernel, which measured
-faster (docs/design.md, "Kernel choice"). Softmax is online in base 2 with fp32 statistics.
+16-bit inputs with V row-major, or FP8 (e4m3, e5m2) with V K-major (8-bit wgmma reads its B
+operand K-major only), descales per tensor or head, P in e4m3 offset by 2^8 (the portable
+kernel's rule) and, for V copied by tileattn, V's keys in grouped order (layout.py) so that P
+needs no shuffle. Softmax is online in base 2 with fp32 statistics.
 Bottom-right causal masking; sequence tails rely on TMA zero-filling rows past seqlen (padded
 keys are masked to -inf, padded query rows are computed and never stored). head_dim and
 head_dim_v may differ and need not be powers of two (96, 192): tiles span them padded to the
@@ -40,10 +42,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ...arch import num_sms
+from ...arch import FP8_DTYPES, num_sms
 from ...scheduler import heads_per_group, prefill_work_lists, varlen_work_lists
-from .configs import padded_head_dim
-from .sm90_consumers import Output, Rings, consumer_partition
+from .configs import descale_args, padded_head_dim
+from .layout import k_major_width
+from .sm90_consumers import Descales, Output, Rings, consumer_partition
 from .sm90_tiles import Problem
 from .. import mods
 from ..runtime import KernelLaunch
@@ -82,10 +85,20 @@ CONFIGS: dict[int, Sm90Config] = {
 }
 
 
-def config_for(head_dim: int, head_dim_v: int) -> Sm90Config:
-    """The CONFIGS row for these head dims: the one of the larger padded dim (a row fits its
-    dim for Q, K and V alike, so it fits any pair no wider)."""
-    return CONFIGS[max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))]
+# FP8 (padded head dim -> config): the S accumulator and the fp32 P the key loop carries
+# (Consumer.carried_p) share the registers with O, so D=256 takes 64-key blocks.
+FP8_CONFIGS: dict[int, Sm90Config] = {
+    64: Sm90Config(128, 3, split=True),
+    128: Sm90Config(128, 2, split=True),
+    256: Sm90Config(64, 2, split=True),
+}
+
+
+def config_for(head_dim: int, head_dim_v: int, fp8: bool = False) -> Sm90Config:
+    """The CONFIGS (FP8_CONFIGS) row for these head dims: the one of the larger padded dim (a
+    row fits its dim for Q, K and V alike, so it fits any pair no wider)."""
+    table = FP8_CONFIGS if fp8 else CONFIGS
+    return table[max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,9 +134,12 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
                     rings.k_smem.index(stage))
                 mbarrier.wait(rings.v_empty.index(stage), phase ^ 1)
                 mbarrier.expect(rings.v_ready.index(stage), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(
-                    v_desc, [batch, tile.kv_head, key, 0], rings.v_ready.index(stage),
-                    rings.v_smem.index(stage))
+                if v_desc.dtype.primitive_bitwidth == 8:    # K-major: [.., head dim, keys]
+                    v_coord = [batch, tile.kv_head, 0, key]
+                else:
+                    v_coord = [batch, tile.kv_head, key, 0]
+                tma.async_copy_global_to_shared(v_desc, v_coord, rings.v_ready.index(stage),
+                                                rings.v_smem.index(stage))
                 kv_count += 1
             tile_count += 1
 
@@ -136,14 +152,16 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           window_left, tile_lists_ptr, kv_index_ptr, full_index_ptr, mod_args,
                           tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
-                          lse_stride_h,
+                          lse_stride_h, q_descale_ptr, k_descale_ptr, v_descale_ptr,
+                          stride_q_descale_b, stride_q_descale_h, stride_k_descale_b,
+                          stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                           RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
                           HAS_LEFT: gl.constexpr, KV_BLOCK: gl.constexpr,
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
-                          WIDE_STORE: gl.constexpr):
+                          WIDE_STORE: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -151,7 +169,11 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                                  v [batch, seqlen_k, num_kv_heads, head_dim_v] (last dims
                                  contiguous), seen as [batch, heads, seqlen, head dim] with
                                  boxes [1, 1, BLOCK_M or BLOCK_N, head dim padded to a power of
-                                 two]; every other stride a multiple of 16 bytes
+                                 two]; every other stride a multiple of 16 bytes. FP8: v
+                                 K-major (seqlen contiguous), seen as [batch, heads, head dim,
+                                 seqlen] with boxes [1, 1, padded head dim, BLOCK_N]
+        *_descale_ptr    FP8 only: float32 [batch, heads] with strides (0: a scalar); q's per
+                         query head, k's and v's per kv head
         out_ptr     [batch, seqlen_q, num_q_heads, OUT_DIM] (OUT_DIM = head_dim_v), any float
                     dtype, strides stride_ob, stride_os, stride_oh, last dim contiguous
         lse_ptr     float32 [batch, num_q_heads, seqlen_q], contiguous, natural log; read only
@@ -181,6 +203,10 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE, WIDE_STORE)
+    descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
+                        stride_q_descale_h, stride_k_descale_b, stride_k_descale_h,
+                        stride_v_descale_b, stride_v_descale_h,
+                        q_desc.dtype.primitive_bitwidth == 8, V_KEYS_GROUPED)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
@@ -191,11 +217,14 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     # function is not a value.
     loader_args = (problem, q_desc, k_desc, v_desc, rings)
     if SPLIT:
-        gl.warp_specialize([(consumer_partition, (problem, output, rings, mod_args, 0, True)),
-                            (consumer_partition, (problem, output, rings, mod_args, 1, True)),
+        gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
+                                                  True)),
+                            (consumer_partition, (problem, output, descales, rings, mod_args, 1,
+                                                  True)),
                             (_loader_partition, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
-        gl.warp_specialize([(consumer_partition, (problem, output, rings, mod_args, 0, False)),
+        gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
+                                                  False)),
                             (_loader_partition, loader_args)], [1], [LOADER_REGS])
 
 
@@ -220,11 +249,17 @@ def _descriptor(x: torch.Tensor, block_shape: list[int],
                             _shared_layout(tuple(block_shape), x.dtype))
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
-    """Whether attention_sm90_launch handles these (already validated) inputs: 16-bit, V
-    row-major, strides TMA can address. Every head-dim pair attention() accepts has a config
-    row (config_for: tiles pad 96 and 192 to powers of two)."""
-    if q.dtype not in (torch.float16, torch.bfloat16) or v.stride(3) != 1:
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             descales: tuple = ()) -> bool:
+    """Whether attention_sm90_launch handles these (already validated) inputs: 16-bit with V
+    row-major, or FP8 with V K-major and descales per tensor or head (not per block); strides
+    TMA can address. Every head-dim pair attention() accepts has a config row (config_for:
+    tiles pad 96 and 192 to powers of two)."""
+    if q.dtype in FP8_DTYPES:
+        if v.stride(1) != 1 or any(d is not None and d.dim() > 2 for d in descales):
+            return False
+        v = v.permute(0, 2, 3, 1)    # TMA's view [batch, heads, head dim, keys]
+    elif q.dtype not in (torch.float16, torch.bfloat16) or v.stride(3) != 1:
         return False
     return all(tma_ready(x, (0, 1, 2)) for x in (q, k, v))
 
@@ -241,7 +276,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
                           config: Sm90Config | None = None, num_programs: int | None = None,
                           block_plan=None, score_mod=None, mask_mod=None,
                           mod_args: tuple = (), sequences=None,
-                          score_linear: bool = False) -> KernelLaunch:
+                          score_linear: bool = False, q_descale=None, k_descale=None,
+                          v_descale=None, v_keys_grouped: bool = False) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
     softcap > 0 caps the scores at softcap·tanh(s / softcap) and window_left >= 0 hides keys
     before p - window_left from the query at key position p (attention()'s softcap and
@@ -252,7 +288,10 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     score_linear: score_mod has flex/linear.py's form, which the kernel adds as terms per row
     and per key column (so does the built-in ALiBi under causal).
     sequences (a kernels.attention.fwd.Sequences without block_table): q, k, v, out packed
-    [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's."""
+    [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's.
+    FP8 (dense only): v K-major, the descales per tensor or head (every one given);
+    v_keys_grouped: v is fp8.k_major_copy(..., grouped=True)'s (keys in grouped order, rows
+    padded to whole groups, which TMA then reads)."""
     if sequences is not None:
         assert block_plan is None and sequences.block_table is None
         q, k, v, out = (x.unsqueeze(0) for x in (q, k, v, out))
@@ -263,7 +302,9 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         batch, seqlen_q, num_q_heads, head_dim = q.shape
         seqlen_k = k.shape[1]
     num_kv_heads, head_dim_v = k.shape[2], v.shape[3]
-    config = config or config_for(head_dim, head_dim_v)
+    fp8 = q.dtype in FP8_DTYPES
+    assert not fp8 or (sequences is None and q_descale is not None)
+    config = config or config_for(head_dim, head_dim_v, fp8)
     assert block_plan is not None or mask_mod is None, "a mask hook runs on block lists only"
     assert block_plan is None or not (causal or window_left >= 0 or softcap > 0)
     block_m = config.block_m
@@ -275,7 +316,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     # and past the head dim (the padding).
     q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim])
-    v_desc = _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
+    v_desc = _v_descriptor(v, block_n, dim_v, v_keys_grouped)
 
     num_m_blocks = -(-seqlen_q // block_m)
     num_tiles = num_m_blocks * batch * num_q_heads
@@ -312,6 +353,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         out_ptr=out, stride_ob=0 if sequences is not None else out.stride(0),
         stride_os=out.stride(1), stride_oh=out.stride(2), lse_ptr=lse,
         lse_stride_h=lse.stride(0) if sequences is not None and lse is not None else 0,
+        **_descale_args(q_descale, k_descale, v_descale),
     )
     constexprs = dict(
         BLOCK_M=block_m, BLOCK_N=block_n, OUT_DIM=head_dim_v, NUM_STAGES=config.num_stages,
@@ -321,8 +363,31 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         SCORE_LINEAR=mods.is_linear(score_mod, causal, score_linear),
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
+        V_KEYS_GROUPED=v_keys_grouped,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
+
+
+def _v_descriptor(v: torch.Tensor, block_n: int, dim_v: int,
+                  keys_grouped: bool) -> TensorDescriptor:
+    """TMA view of V [batch, seqlen, heads, head dim]: [batch, heads, seqlen, head dim] tiles,
+    or for FP8 (K-major V) [batch, heads, head dim, seqlen] ones. A grouped copy's last group
+    holds keys past seqlen's position, so its view spans the padded rows."""
+    if v.dtype in FP8_DTYPES:
+        view = v.permute(0, 2, 3, 1)
+        shape = list(view.shape[:3]) + [k_major_width(view.shape[3])] if keys_grouped else None
+        return _descriptor(view, [1, 1, dim_v, block_n], shape)
+    return _descriptor(v.permute(0, 2, 1, 3), [1, 1, block_n, dim_v])
+
+
+def _descale_args(q_descale, k_descale, v_descale) -> dict:
+    """The kernel's descale arguments (None and 0 strides without FP8)."""
+    args = {}
+    for name, descale in (("q", q_descale), ("k", k_descale), ("v", v_descale)):
+        ptr, stride_b, stride_h = descale_args(descale)
+        args.update({f"{name}_descale_ptr": ptr, f"stride_{name}_descale_b": stride_b,
+                     f"stride_{name}_descale_h": stride_h})
+    return args
 
 
 def bind_attention(launch: KernelLaunch, score_mod=None):
@@ -346,12 +411,18 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
     num_kv_heads = num_q_heads // args["gqa_group_size"]
     block_m, block_n, causal = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["CAUSAL"]
     programs = launch.grid[0]
+    fp8 = args["q_descale_ptr"] is not None
+
+    def descale_ptrs(q_descale, k_descale, v_descale):
+        # The signature fixes the descales' strides; FP8 calls pass every descale.
+        if not fp8:
+            return {}
+        return dict(q_descale_ptr=q_descale, k_descale_ptr=k_descale, v_descale_ptr=v_descale)
 
     def run(q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale: float,
             mod_args: tuple = (), cu_seqlens_q=None, cu_seqlens_k=None,
             block_table=None) -> None:
-        # The call caches' uniform replay interface: descales are None here (16-bit only),
-        # block_table too (no paging); mod_args are kernels/mods.builtin's, whose first entry
+        # The call caches' uniform replay interface: block_table is None (no paging); mod_args are kernels/mods.builtin's, whose first entry
         # is the softcap (0: none).
         softcap = mod_args[0] if mod_args else 0.0
         if packed:
@@ -365,9 +436,11 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
             lists = dict(tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts)
         bound.run(q_desc=rebased_descriptor(q_desc, q.permute(0, 2, 1, 3)),
                   k_desc=rebased_descriptor(k_desc, k.permute(0, 2, 1, 3)),
-                  v_desc=rebased_descriptor(v_desc, v.permute(0, 2, 1, 3)),
+                  v_desc=rebased_descriptor(v_desc, v.permute(0, 2, 3, 1) if fp8
+                                            else v.permute(0, 2, 1, 3)),
                   out_ptr=out, lse_ptr=lse, **lists,
                   mod_args=mod_args if score_mod is not None else (),
                   softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
-                  softcap_in=softmax_scale / softcap if softcap > 0 else 0.0)
+                  softcap_in=softmax_scale / softcap if softcap > 0 else 0.0,
+                  **descale_ptrs(q_descale, k_descale, v_descale))
     return run

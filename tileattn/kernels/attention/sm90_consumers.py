@@ -18,7 +18,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from ..gluon_common import Scalar, online_softmax, scalar
+from .fwd import FP8_P_OFFSET
 from .sm90_tiles import Problem
+
+# FP8 P is exp2(s - max + P_OFFSET), inside e4m3's normal range (the portable kernel's rule).
+P_OFFSET = gl.constexpr(FP8_P_OFFSET)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,10 +96,59 @@ class Rings:
 
     @gluon.jit
     def v_operand(self, stage):
-        """V [BLOCK_N, padded head dim of V] of the tile in `stage`: the row-major tile."""
-        BLOCK_N: gl.constexpr = self.v_smem.shape[3]
-        HEAD_DIM_V: gl.constexpr = self.v_smem.shape[4]
-        return self.v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
+        """V [BLOCK_N, padded head dim of V] of the tile in `stage`: the row-major tile, or for
+        FP8 a K-major view of the [head dim, BLOCK_N] tile (8-bit wgmma reads B K-major only)."""
+        if self.v_smem.dtype.primitive_bitwidth == 8:
+            HEAD_DIM_V: gl.constexpr = self.v_smem.shape[3]
+            BLOCK_N: gl.constexpr = self.v_smem.shape[4]
+            view = self.v_smem.index(stage).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0))
+        else:
+            BLOCK_N: gl.constexpr = self.v_smem.shape[3]
+            HEAD_DIM_V: gl.constexpr = self.v_smem.shape[4]
+            view = self.v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
+        return view
+
+
+@aggregate
+class Descales:
+    """FP8's descales (FP8): q's per (batch, query head), k's and v's per (batch, kv head), read
+    through strides (0 for a per-tensor scalar). q's and k's fold into the softmax scale, v's
+    into the output's normalisation. V_KEYS_GROUPED: V's keys come in grouped order
+    (layout.grouped_key_position)."""
+    q_ptr: Scalar
+    k_ptr: Scalar
+    v_ptr: Scalar
+    stride_qb: Scalar
+    stride_qh: Scalar
+    stride_kb: Scalar
+    stride_kh: Scalar
+    stride_vb: Scalar
+    stride_vh: Scalar
+    FP8: gl.constexpr
+    V_KEYS_GROUPED: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, q_ptr, k_ptr, v_ptr, stride_qb, stride_qh, stride_kb, stride_kh,
+                 stride_vb, stride_vh, FP8, V_KEYS_GROUPED):
+        self.q_ptr = scalar(q_ptr)
+        self.k_ptr = scalar(k_ptr)
+        self.v_ptr = scalar(v_ptr)
+        self.stride_qb = scalar(stride_qb)
+        self.stride_qh = scalar(stride_qh)
+        self.stride_kb = scalar(stride_kb)
+        self.stride_kh = scalar(stride_kh)
+        self.stride_vb = scalar(stride_vb)
+        self.stride_vh = scalar(stride_vh)
+        self.FP8 = gl.constexpr(FP8)
+        self.V_KEYS_GROUPED = gl.constexpr(V_KEYS_GROUPED)
+
+    @gluon.jit
+    def of_tile(self, tile):
+        """(q descale * k descale, v descale) of a tile; FP8 only."""
+        qk = (gl.load(self.q_ptr + tile.batch * self.stride_qb + tile.head * self.stride_qh)
+              * gl.load(self.k_ptr + tile.batch * self.stride_kb + tile.kv_head * self.stride_kh))
+        v = gl.load(self.v_ptr + tile.batch * self.stride_vb + tile.kv_head * self.stride_vh)
+        return qk, v
 
 
 @aggregate
@@ -110,6 +163,8 @@ class Consumer:
     PINGPONG: gl.constexpr
     ROWS: gl.constexpr
     HEAD_DIM_V: gl.constexpr     # V's head dim padded to a power of two (its tile's)
+    FP8: gl.constexpr            # FP8 inputs: K-major V, P in e4m3 offset by 2^P_OFFSET
+    V_KEYS_GROUPED: gl.constexpr  # V's keys in grouped order: P's columns follow
     P_DTYPE: gl.constexpr
     s_layout: gl.constexpr
     o_layout: gl.constexpr
@@ -117,8 +172,8 @@ class Consumer:
     row_layout: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V,
-                 P_DTYPE, s_layout, o_layout, p_layout, row_layout):
+    def __init__(self, problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
+                 V_KEYS_GROUPED, P_DTYPE, s_layout, o_layout, p_layout, row_layout):
         self.problem = problem
         self.rings = rings
         self.q_op = q_op
@@ -126,6 +181,8 @@ class Consumer:
         self.PINGPONG = gl.constexpr(PINGPONG)
         self.ROWS = gl.constexpr(ROWS)
         self.HEAD_DIM_V = gl.constexpr(HEAD_DIM_V)
+        self.FP8 = gl.constexpr(FP8)
+        self.V_KEYS_GROUPED = gl.constexpr(V_KEYS_GROUPED)
         self.P_DTYPE = gl.constexpr(P_DTYPE)
         self.s_layout = gl.constexpr(s_layout)
         self.o_layout = gl.constexpr(o_layout)
@@ -133,13 +190,17 @@ class Consumer:
         self.row_layout = gl.constexpr(row_layout)
 
     @gluon.jit
-    def create(problem, rings, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    def create(problem, rings, descales, HALF: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer HALF (0 or 1) of a ping-pong pair, or the lockstep one (HALF 0)."""
         ROWS: gl.constexpr = problem.BLOCK_M // 2 if PINGPONG else problem.BLOCK_M
         NUM_WARPS: gl.constexpr = ROWS // 16
         HEAD_DIM: gl.constexpr = rings.q_smem.shape[3]
-        HEAD_DIM_V: gl.constexpr = rings.v_smem.shape[4]
         dtype: gl.constexpr = rings.q_smem.dtype
+        FP8: gl.constexpr = dtype.primitive_bitwidth == 8
+        # FP8 V tiles are K-major: [1, 1, head dim, BLOCK_N].
+        HEAD_DIM_V: gl.constexpr = rings.v_smem.shape[3] if FP8 else rings.v_smem.shape[4]
+        # FP8 P is e4m3 also for e5m2 V (a mantissa bit more; wgmma mixes FP8 operands).
+        P_DTYPE: gl.constexpr = gl.float8e4nv if FP8 else dtype
         K_WIDTH: gl.constexpr = 32 // dtype.primitive_bitwidth
         INSTR_K: gl.constexpr = 256 // dtype.primitive_bitwidth
         # Warps tile the rows: each warpgroup owns 64 contiguous query rows of the tile.
@@ -152,8 +213,8 @@ class Consumer:
                                                      k_width=K_WIDTH)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         q_op = rings.q_smem.reshape([problem.BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
-        return Consumer(problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V,
-                        dtype, s_layout, o_layout, p_layout, row_layout)
+        return Consumer(problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
+                        descales.V_KEYS_GROUPED, P_DTYPE, s_layout, o_layout, p_layout, row_layout)
 
     @gluon.jit
     def wait_turn(self, turn_count):
@@ -171,16 +232,43 @@ class Consumer:
 
     @gluon.jit
     def p_operand(self, p_f32):
-        """P as the register A operand of P @ V."""
-        return gl.convert_layout(p_f32.to(self.P_DTYPE), self.p_layout)
+        """P as the register A operand of P @ V. With V in grouped key order its columns are
+        reordered alike, which makes the FP8 layout conversion a register renaming."""
+        p = p_f32.to(self.P_DTYPE)
+        if self.V_KEYS_GROUPED:
+            BLOCK_N: gl.constexpr = self.problem.BLOCK_N
+            # key 32g + 16a + 8j + 2q + b moves to 32g + 16a + 4q + 2j + b
+            p = p.reshape([self.ROWS, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
+            p = p.reshape([self.ROWS, BLOCK_N])
+        return gl.convert_layout(p, self.p_layout)
 
     @gluon.jit
-    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, mod_args, score_columns,
-                       MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
+    def carried_p(self, p_f32):
+        """What the key loop carries of a block's P into the step that issues its P V: the
+        16-bit operand, or FP8's fp32 P, packed in that step (pv_operand): a loop-carried
+        8-bit tensor is one register a byte, split and repacked every step
+        (docs/design.md, "Hopper forward kernel")."""
+        if self.FP8:
+            p = p_f32
+        else:
+            p = self.p_operand(p_f32)
+        return p
+
+    @gluon.jit
+    def pv_operand(self, p):
+        """The A operand of P V from what the key loop carried (carried_p)."""
+        if self.FP8:
+            p = self.p_operand(p)
+        return p
+
+    @gluon.jit
+    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, qk_descale, mod_args,
+                       score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
         """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
         (p, alpha, m_new, l_new). MASKED applies the sequence end, causal and the window,
         MASK_HOOK also MASK_MOD; SCORE_MOD applies to every block (with SCORE_LINEAR as
-        score_columns, the tile's linear_columns, plus a term per row)."""
+        score_columns, the tile's linear_columns, plus a term per row). qk_descale: FP8's q and
+        k descales (else unused)."""
         problem = self.problem
         BLOCK_N: gl.constexpr = problem.BLOCK_N
         cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
@@ -189,13 +277,19 @@ class Consumer:
         # Bottom-right alignment within the tile's sequence.
         causal_shift = tile.seqlen_k - tile.seqlen_q
         qk_scale = problem.softmax_scale_log2
+        tanh_in = problem.softcap_in
+        if self.FP8:
+            if problem.SOFTCAP:
+                tanh_in = tanh_in * qk_descale
+            else:
+                qk_scale = qk_scale * qk_descale
         if problem.SOFTCAP:
             # Before masking. The hardware tanh (one special-function op; relative error
             # 2^-11) rather than the portable hook's exp2 and division (kernels/mods.py,
             # which the backward recomputes P with): three such ops a score left the softmax
             # bound by that unit (docs/design.md, "Serving masks and varlen/paged prefill").
             s = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f",
-                                          [s * problem.softcap_in], dtype=gl.float32,
+                                          [s * tanh_in], dtype=gl.float32,
                                           is_pure=True, pack=1)
         row_offset = None
         if problem.SCORE_LINEAR:
@@ -232,7 +326,7 @@ class Consumer:
                                      kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
-                              row_offset)
+                              row_offset, P_OFFSET if self.FP8 else 0.0)
 
     @gluon.jit
     def linear_columns(self, tile, mod_args):
@@ -273,7 +367,7 @@ def _keep_or_neg_inf(s, keep, kv_idx, seqlen_k):
 @aggregate
 class KeyLoop:
     """What the key loop carries between blocks of a tile: O, P of the previous block (its P V
-    not issued yet), the softmax statistics, and the ring and turn positions (kv_count counts
+    not issued yet; Consumer.carried_p), the softmax statistics, and the ring and turn positions (kv_count counts
     K/V tiles consumed by this program; stage and phase are the previous block's)."""
     acc: gl.tensor
     p: gl.tensor
@@ -301,8 +395,8 @@ class KeyLoop:
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, score_columns,
-                MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
+def _key_blocks(loop, rows, tile, block_start, block_end, wg, qk_descale, mod_args,
+                score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
     """Steps [block_start, block_end) of the tile: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
     The loop carries P_{j-1}."""
     problem = wg.problem
@@ -315,21 +409,23 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, score_co
         stage = kv_count % problem.NUM_STAGES
         phase = (kv_count // problem.NUM_STAGES) & 1
         key_start = problem.key_start(tile, j)
+        p_op = wg.pv_operand(p)
         mbarrier.wait(rings.k_ready.index(stage), phase)
         mbarrier.wait(rings.v_ready.index(prev_stage), prev_phase)
         turn_count = wg.wait_turn(turn_count)
         s = warpgroup_mma(wg.q_op, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p, rings.v_operand(prev_stage), acc, is_async=True)
+        acc = warpgroup_mma(p_op, rings.v_operand(prev_stage), acc, is_async=True)
         wg.pass_turn()
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(rings.k_empty.index(stage), count=1)
-        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
-                                                   score_columns, MASKED, MASK_HOOK)
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
+                                                   qk_descale, mod_args, score_columns, MASKED,
+                                                   MASK_HOOK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(rings.v_empty.index(prev_stage), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
-        p = wg.p_operand(p_f32)
+        p = wg.carried_p(p_f32)
         prev_stage = stage
         prev_phase = phase
         kv_count += 1
@@ -337,7 +433,8 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, mod_args, score_co
 
 
 @gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args, score_columns):
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, qk_descale, mod_args,
+                 score_columns):
     """The steps of one tile (at least one), the loop carrying P; releases Q after its last
     S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
     problem = wg.problem
@@ -359,12 +456,14 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args, 
     LISTED: gl.constexpr = problem.KV_BLOCK > 0
     HOOKED: gl.constexpr = LISTED and problem.MASK_MOD is not None
     if HOOKED and first < tile.first_full:   # a partial block: MASK_MOD applies
-        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
-                                                   score_columns, True, True)
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
+                                                   qk_descale, mod_args, score_columns, True,
+                                                   True)
     else:
-        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start, mod_args,
-                                                   score_columns, True, False)
-    loop = KeyLoop(acc, wg.p_operand(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
+        p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
+                                                   qk_descale, mod_args, score_columns, True,
+                                                   False)
+    loop = KeyLoop(acc, wg.carried_p(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
 
     # Steps crossing the left window bound (block lists: partial blocks), those every row sees
     # in full, then those crossing the diagonal or the sequence end (without a window or
@@ -372,20 +471,21 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args, 
     if problem.HAS_LEFT or LISTED:
         loop = _key_blocks(loop, rows, tile, first + 1, gl.minimum(tile.first_full,
                                                                    tile.num_blocks),
-                           wg, mod_args, score_columns, True, HOOKED)
+                           wg, qk_descale, mod_args, score_columns, True, HOOKED)
     unmasked_from = gl.maximum(tile.first_full, first + 1)
-    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, mod_args,
+    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, qk_descale, mod_args,
                        score_columns, False, False)
     loop = _key_blocks(loop, rows, tile, gl.maximum(tile.num_full, unmasked_from),
-                       tile.num_blocks, wg, mod_args, score_columns, True, False)
+                       tile.num_blocks, wg, qk_descale, mod_args, score_columns, True, False)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(rings.q_empty, count=1)
 
     # The last block's P V, alone.
+    p_op = wg.pv_operand(loop.p)
     mbarrier.wait(rings.v_ready.index(loop.stage), loop.phase)
     turn_count = wg.wait_turn(loop.turn_count)
-    acc = warpgroup_mma(loop.p, rings.v_operand(loop.stage), loop.acc, is_async=True)
+    acc = warpgroup_mma(p_op, rings.v_operand(loop.stage), loop.acc, is_async=True)
     wg.pass_turn()
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(rings.v_empty.index(loop.stage), count=1)
@@ -429,13 +529,17 @@ class Output:
 
 
 @gluon.jit
-def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
-    """Normalise O and write this partition's rows of the tile (and their LSE)."""
+def _store_tile(acc, m_i, l_i, rows, tile, output, wg, v_descale):
+    """Normalise O (FP8: and apply V's descale) and write this partition's rows of the tile
+    (and their LSE)."""
     problem = wg.problem
     o_rows: gl.constexpr = gl.SliceLayout(1, wg.o_layout)
     # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
+    if wg.FP8:
+        acc = acc * gl.expand_dims(gl.convert_layout(v_descale / l_safe, o_rows), 1)
+    else:
+        acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
     values = acc.to(output.out_ptr.dtype.element_ty)
     if output.WIDE_STORE:
         # The accumulator's thread holds 2 adjacent columns in 8; 8 adjacent ones here.
@@ -449,7 +553,10 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg):
     else:
         _write_out(values, tile, output, wg, wg.o_layout)
     if output.RETURN_LSE:
-        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+        log2_l = gl.log2(l_safe)
+        if wg.FP8:
+            log2_l = log2_l - P_OFFSET     # p and l carry 2^P_OFFSET
+        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + log2_l) * 0.6931471805599453)
         if problem.VARLEN:
             lse_ptrs = (output.lse_ptr + tile.head.to(gl.int64) * output.lse_stride_h
                         + tile.q_start + rows)
@@ -476,11 +583,11 @@ def _write_out(values, tile, output, wg, layout: gl.constexpr):
 
 
 @gluon.jit
-def consumer_partition(problem, output, rings, mod_args, HALF: gl.constexpr,
+def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.constexpr,
                        PINGPONG: gl.constexpr):
     """Consumer HALF of a ping-pong pair (PINGPONG), or the lockstep pair of warpgroups: every
     tile of this program's list, its rows of it. mod_args: the hooks' tuple."""
-    wg = Consumer.create(problem, rings, HALF, PINGPONG)
+    wg = Consumer.create(problem, rings, descales, HALF, PINGPONG)
     kv_count = 0
     tile_count = 0
     turn_count = 0
@@ -493,12 +600,16 @@ def consumer_partition(problem, output, rings, mod_args, HALF: gl.constexpr,
             m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
             l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
             acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
+            qk_descale = 1.0
+            v_descale = 1.0
+            if wg.FP8:
+                qk_descale, v_descale = descales.of_tile(tile)
             mbarrier.wait(rings.q_ready, tile_count & 1)
             if tile.first_block < tile.num_blocks:
                 acc, m_i, l_i, kv_count, turn_count = _attend_tile(
-                    acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, mod_args,
+                    acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, qk_descale, mod_args,
                     wg.linear_columns(tile, mod_args))
             else:
                 mbarrier.arrive(rings.q_empty, count=1)
-            _store_tile(acc, m_i, l_i, rows, tile, output, wg)
+            _store_tile(acc, m_i, l_i, rows, tile, output, wg, v_descale)
             tile_count += 1
