@@ -36,8 +36,9 @@ def key_loops(sass):
     return [body for body in bodies if "GMMA" in body]
 
 def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones=False,
-                 softcap=0.0, window_left=-1, grouped=False):
-    """grouped (FP8): V in grouped key order (layout.py), else natural order."""
+                 softcap=0.0, window_left=-1, grouped=False, block_descales=False):
+    """grouped (FP8): V in grouped key order (layout.py), else natural order; block_descales
+    (FP8): q's and k's per 128-row block, else per tensor."""
     dtype = DTYPES[dtype_name]
     fp8 = dtype_name in ("e4m3", "e5m2")
     head_dim_v = head_dim_v or head_dim
@@ -52,7 +53,10 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
         v = torch.empty(batch, kv_heads, head_dim_v, k_major_width(seqlen_k), dtype=dtype)
         v = v[..., :seqlen_k].permute(0, 3, 1, 2)
         descales = {name: torch.ones(()) for name in ("q_descale", "k_descale", "v_descale")}
-    assert sm90.supports(q, k, v, causal, tuple(descales.values()))
+        if block_descales:
+            descales["q_descale"] = torch.ones(batch, heads, -(-seqlen_q // 128))
+            descales["k_descale"] = torch.ones(batch, kv_heads, -(-seqlen_k // 128))
+    assert sm90.supports(q, k, v, causal)
     out = torch.empty(batch, seqlen_q, heads, head_dim_v,
                       dtype=torch.bfloat16 if fp8 else dtype)
     lse = None if ones else torch.empty(batch, heads, seqlen_q)
@@ -102,11 +106,14 @@ softcap = {f"bf16-D{d}-{label(causal, split)}-softcap": compile_case("bf16", d, 
                                                                       softcap=30.0)
            for d, causal, split in ((128, True, None), (128, False, False), (256, False, None))}
 # FP8: V K-major, in grouped or natural key order.
-fp8 = {f"{name}-D{d}-{label(causal)}-{'grouped' if grouped else 'natural'}":
-       compile_case(name, d, causal, grouped=grouped)
-       for name, d, causal, grouped in (("e4m3", 128, False, True), ("e4m3", 128, True, True),
-                                        ("e4m3", 128, False, False), ("e4m3", 256, True, True),
-                                        ("e5m2", 128, False, True))}
+fp8 = {f"{name}-D{d}-{label(causal)}{'-block' if block else ''}-"
+       f"{'grouped' if grouped else 'natural'}":
+       compile_case(name, d, causal, grouped=grouped, block_descales=block)
+       for name, d, causal, grouped, block in (
+           ("e4m3", 128, False, True, False), ("e4m3", 128, True, True, False),
+           ("e4m3", 128, False, False, False), ("e4m3", 256, True, True, False),
+           ("e5m2", 128, False, True, False), ("e4m3", 128, True, True, True),
+           ("e4m3", 256, False, True, True))}
 window = {f"bf16-D{d}-{label(causal, split)}-window": compile_case("bf16", d, causal, split,
                                                                     window_left=1023)
           for d, causal, split in ((128, True, None), (128, True, False), (256, False, None))}
@@ -232,12 +239,12 @@ def test_softcap_compiles_fits_and_does_not_spill(compiled):
 
 
 def test_fp8_compiles_fits_and_grouped_v_keys_leave_p_unshuffled(compiled):
-    """FP8 (K-major V, QGMMA): every row fits, runs on wgmma and TMA, keeps P in registers and
-    does not spill. With V in grouped key order, P's conversion to the 8-bit A operand is a
+    """FP8 (K-major V, QGMMA; descales per tensor or per 128-row block): every row fits, runs
+    on wgmma and TMA, keeps P in registers and does not spill. With V in grouped key order, P's conversion to the 8-bit A operand is a
     register renaming: a key loop's only shuffles are the row max and sum reductions (2 a
     row, over the 4 threads of a quad: 8), where natural order needs more."""
     rows = compiled["fp8"]
-    assert len(rows) == 5
+    assert len(rows) == 7
     for name, row in rows.items():
         _fits_and_runs_on_wgmma_tma(name, row)
         assert row["wide_stores"] > 0, (name, row)

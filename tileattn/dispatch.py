@@ -81,37 +81,35 @@ SM90_MIN_WORK_FP8 = 1 << 36
 
 
 def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     causal: bool, settings: Settings, descales: tuple = ()) -> str:
+                     causal: bool, settings: Settings) -> str:
     """The forward kernel for checked inputs (v already in the layout the call will pass):
     "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster (16-bit
     and FP8 inputs except D = 64, with enough work) or is forced, and it supports the inputs
     (FP8: v as the call will pass it, K-major);
     "portable" otherwise. Asked only for calls the Hopper kernel can mask: softcap, ALiBi,
-    windows whose right bound is causal's or none (ops/attention.py). descales: FP8's."""
+    windows whose right bound is causal's or none (ops/attention.py)."""
     if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
         return "portable"
     if settings.attention == "auto" and not _sm90_preferred(q, k, causal):
         return "portable"
     from .kernels.attention import sm90  # Gluon: imported only where it can run
-    return "sm90" if sm90.supports(q, k, v, causal, descales) else "portable"
+    return "sm90" if sm90.supports(q, k, v, causal) else "portable"
 
 
 def flex_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                block_sizes: tuple[int, int] | None, mask_mod, settings: Settings,
-                descales: tuple = ()) -> str:
+                block_sizes: tuple[int, int] | None, mask_mod, settings: Settings) -> str:
     """The kernel of a flex_attention call (ops/flex.py; q, k, v [B, S, H, D] views):
     attention_kernel's rule for non-causal calls, where the Hopper kernel's tiles fit the
     BlockMask: 128-query tiles inside its query blocks, key blocks a multiple of 64 keys
     (block_sizes (query, key) None: no block lists, which it takes only without a mask hook),
-    and one K/V per batch entry (no stride-0 batch broadcast for TMA). FP8: v K-major and
-    descales as attention_kernel takes them."""
+    and one K/V per batch entry (no stride-0 batch broadcast for TMA). FP8: v K-major."""
     if block_sizes is None and mask_mod is not None:
         return "portable"
     if block_sizes is not None and (block_sizes[0] % 128 or block_sizes[1] % 64):
         return "portable"
     if k.stride(0) == 0 or v.stride(0) == 0:
         return "portable"
-    return attention_kernel(arch, q, k, v, False, settings, descales)
+    return attention_kernel(arch, q, k, v, False, settings)
 
 
 def varlen_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -44,7 +44,7 @@ def run_sm90(q, k, v, causal, descales, grouped=False):
     """out, lse of the kernel on K-major V (in grouped key order with `grouped`), both poisoned
     with NaN first."""
     v = fp8.k_major_copy(v, grouped) if grouped else tileattn.prepare_v(v)
-    assert sm90.supports(q, k, v, causal, tuple(descales.values()))
+    assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
                      dtype=torch.bfloat16)
@@ -109,7 +109,7 @@ def test_attention_dispatches_and_replays_here():
     q, k, v, descales = quantized((2, 500, 1024, 8, 2), 128, E4M3, per="head")
     settings = dispatch.Settings(attention="sm90")
     assert dispatch.attention_kernel(arch_of(q.device), q, k, tileattn.prepare_v(v), True,
-                                     settings, tuple(descales.values())) == "sm90"
+                                     settings) == "sm90"
     with tileattn.use_kernels(attention="sm90"):
         first = tileattn.attention(q, k, v, causal=True, **descales)
         q2, k2, v2, descales2 = quantized((2, 500, 1024, 8, 2), 128, E4M3, per="head")
@@ -121,16 +121,28 @@ def test_attention_dispatches_and_replays_here():
         assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[E4M3]
 
 
-def test_block_descales_and_unaligned_v_rows_stay_portable():
+def test_unaligned_v_rows_stay_portable():
     q, k, v, descales = quantized((1, 256, 1000, 4, 4), 128, E4M3)
-    assert sm90.supports(q, k, tileattn.prepare_v(v), False, tuple(descales.values()))
+    assert sm90.supports(q, k, tileattn.prepare_v(v), False)
     # A K-major V made by torch: rows of 1000 bytes, which TMA cannot address.
     v_torch = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    assert not sm90.supports(q, k, v_torch, False, tuple(descales.values()))
-    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(
-        *(torch.randn(1, 256, 4, 128, device="cuda") for _ in range(3)), per="block")
-    assert not sm90.supports(q8, k8, tileattn.prepare_v(v8), False,
-                             (scales["q_descale"], scales["k_descale"], scales["v_descale"]))
+    assert not sm90.supports(q, k, v_torch, False)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_descales(head_dim, causal):
+    """quantize_qkv_fp8's block descales (q per 128-query tile, k per 128 keys: one per key
+    block, or per two 64-key blocks at D=256), smoothed and rotated, odd lengths."""
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q, k, v = (torch.randn(2, n, 4, head_dim, device="cuda", generator=gen)
+               for n in (700, 1500, 1500))
+    q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per="block", smooth_k=True,
+                                                   rotate=True)
+    descales = {name: scales[name] for name in ("q_descale", "k_descale", "v_descale")}
+    assert descales["q_descale"].dim() == 3 and descales["k_descale"].dim() == 3
+    out, lse = run_sm90(q8, k8, v8, causal, descales, grouped=True)
+    assert_close(out, lse, q8, k8, v8, causal, descales)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -107,8 +107,7 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
     if transposes_v:
         given_v = v.contiguous() if v.stride(0) == 0 else v
         v = fp8.k_major_like(given_v)    # filled once the kernel is chosen
-    if dispatch.flex_kernel(arch, q, k, v, block_sizes, mask_mod, dispatch.current(),
-                            descales) == "sm90":
+    if dispatch.flex_kernel(arch, q, k, v, block_sizes, mask_mod, dispatch.current()) == "sm90":
         # A V copied here goes in grouped key order, as attention()'s (ops/attention.py).
         if transposes_v:
             v = fp8.k_major_copy(given_v, True, out=v)

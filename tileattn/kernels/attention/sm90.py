@@ -44,7 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...arch import FP8_DTYPES, num_sms
 from ...scheduler import heads_per_group, prefill_work_lists, varlen_work_lists
-from .configs import descale_args, padded_head_dim
+from .configs import block_descale_stride, descale_args, padded_head_dim
 from .layout import k_major_width
 from .sm90_consumers import Descales, Output, Rings, consumer_partition
 from .sm90_tiles import Problem
@@ -153,15 +153,17 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           lse_stride_h, q_descale_ptr, k_descale_ptr, v_descale_ptr,
-                          stride_q_descale_b, stride_q_descale_h, stride_k_descale_b,
-                          stride_k_descale_h, stride_v_descale_b, stride_v_descale_h,
+                          stride_q_descale_b, stride_q_descale_h, stride_q_descale_t,
+                          stride_k_descale_b, stride_k_descale_h, stride_k_descale_t,
+                          stride_v_descale_b, stride_v_descale_h,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_DIM: gl.constexpr,
                           NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                           RETURN_LSE: gl.constexpr, SPLIT: gl.constexpr, SOFTCAP: gl.constexpr,
                           HAS_LEFT: gl.constexpr, KV_BLOCK: gl.constexpr,
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
-                          WIDE_STORE: gl.constexpr, V_KEYS_GROUPED: gl.constexpr):
+                          WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
+                          V_KEYS_GROUPED: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -173,7 +175,9 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                                  K-major (seqlen contiguous), seen as [batch, heads, head dim,
                                  seqlen] with boxes [1, 1, padded head dim, BLOCK_N]
         *_descale_ptr    FP8 only: float32 [batch, heads] with strides (0: a scalar); q's per
-                         query head, k's and v's per kv head
+                         query head, k's and v's per kv head; q's and k's may be per block of
+                         DESCALE_BLOCK_ROWS rows too ([batch, heads, blocks], stride_*_t;
+                         K_DESCALE_BLOCKED for k's)
         out_ptr     [batch, seqlen_q, num_q_heads, OUT_DIM] (OUT_DIM = head_dim_v), any float
                     dtype, strides stride_ob, stride_os, stride_oh, last dim contiguous
         lse_ptr     float32 [batch, num_q_heads, seqlen_q], contiguous, natural log; read only
@@ -204,9 +208,10 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE, WIDE_STORE)
     descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
-                        stride_q_descale_h, stride_k_descale_b, stride_k_descale_h,
-                        stride_v_descale_b, stride_v_descale_h,
-                        q_desc.dtype.primitive_bitwidth == 8, V_KEYS_GROUPED)
+                        stride_q_descale_h, stride_q_descale_t, stride_k_descale_b,
+                        stride_k_descale_h, stride_k_descale_t, stride_v_descale_b,
+                        stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
+                        K_DESCALE_BLOCKED, V_KEYS_GROUPED)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
@@ -249,14 +254,13 @@ def _descriptor(x: torch.Tensor, block_shape: list[int],
                             _shared_layout(tuple(block_shape), x.dtype))
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             descales: tuple = ()) -> bool:
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """Whether attention_sm90_launch handles these (already validated) inputs: 16-bit with V
-    row-major, or FP8 with V K-major and descales per tensor or head (not per block); strides
-    TMA can address. Every head-dim pair attention() accepts has a config row (config_for:
-    tiles pad 96 and 192 to powers of two)."""
+    row-major, or FP8 with V K-major (any descales: block ones cover the 128-query tiles and
+    the key blocks, whose sizes divide 128); strides TMA can address. Every head-dim pair
+    attention() accepts has a config row (config_for: tiles pad 96 and 192 to powers of two)."""
     if q.dtype in FP8_DTYPES:
-        if v.stride(1) != 1 or any(d is not None and d.dim() > 2 for d in descales):
+        if v.stride(1) != 1:
             return False
         v = v.permute(0, 2, 3, 1)    # TMA's view [batch, heads, head dim, keys]
     elif q.dtype not in (torch.float16, torch.bfloat16) or v.stride(3) != 1:
@@ -289,7 +293,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     and per key column (so does the built-in ALiBi under causal).
     sequences (a kernels.attention.fwd.Sequences without block_table): q, k, v, out packed
     [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's.
-    FP8 (dense only): v K-major, the descales per tensor or head (every one given);
+    FP8 (dense only): v K-major, the descales per tensor, head or block (every one given);
     v_keys_grouped: v is fp8.k_major_copy(..., grouped=True)'s (keys in grouped order, rows
     padded to whole groups, which TMA then reads)."""
     if sequences is not None:
@@ -363,6 +367,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         SCORE_LINEAR=mods.is_linear(score_mod, causal, score_linear),
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
+        K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
@@ -387,6 +392,8 @@ def _descale_args(q_descale, k_descale, v_descale) -> dict:
         ptr, stride_b, stride_h = descale_args(descale)
         args.update({f"{name}_descale_ptr": ptr, f"stride_{name}_descale_b": stride_b,
                      f"stride_{name}_descale_h": stride_h})
+    for name, descale in (("q", q_descale), ("k", k_descale)):
+        args[f"stride_{name}_descale_t"] = block_descale_stride(descale)
     return args
 
 

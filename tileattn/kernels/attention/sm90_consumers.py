@@ -18,11 +18,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from ..gluon_common import Scalar, online_softmax, scalar
+from .configs import DESCALE_BLOCK_ROWS
 from .fwd import FP8_P_OFFSET
 from .sm90_tiles import Problem
 
 # FP8 P is exp2(s - max + P_OFFSET), inside e4m3's normal range (the portable kernel's rule).
 P_OFFSET = gl.constexpr(FP8_P_OFFSET)
+# Rows a block descale covers (q's, k's; configs.DESCALE_BLOCK_ROWS).
+DESCALE_ROWS = gl.constexpr(DESCALE_BLOCK_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,45 +113,84 @@ class Rings:
 
 
 @aggregate
+class TileScales:
+    """A tile's FP8 descales: qk (q's, times k's unless K_BLOCKED) and v; with K_BLOCKED, k's
+    row of block descales (one per DESCALE_ROWS keys, stride_kt apart)."""
+    qk: Scalar
+    v: Scalar
+    k_row: Scalar
+    stride_kt: Scalar
+    K_BLOCKED: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, qk, v, k_row, stride_kt, K_BLOCKED):
+        self.qk = scalar(qk)
+        self.v = scalar(v)
+        self.k_row = scalar(k_row)
+        self.stride_kt = scalar(stride_kt)
+        self.K_BLOCKED = gl.constexpr(K_BLOCKED)
+
+    @gluon.jit
+    def at(self, key_start):
+        """The q·k descale of the key block starting at key_start (BLOCK_N divides
+        DESCALE_ROWS, so a block lies in one descale block)."""
+        if self.K_BLOCKED:
+            qk = self.qk * gl.load(self.k_row + (key_start // DESCALE_ROWS) * self.stride_kt)
+        else:
+            qk = self.qk
+        return qk
+
+
+@aggregate
 class Descales:
     """FP8's descales (FP8): q's per (batch, query head), k's and v's per (batch, kv head), read
-    through strides (0 for a per-tensor scalar). q's and k's fold into the softmax scale, v's
-    into the output's normalisation. V_KEYS_GROUPED: V's keys come in grouped order
-    (layout.grouped_key_position)."""
+    through strides (0 for a per-tensor scalar); q's and k's may also be per block of
+    DESCALE_ROWS rows (stride_qt, and stride_kt with K_BLOCKED; a tile's BLOCK_M rows are one
+    q block). q's and k's fold into the softmax scale, v's into the output's normalisation.
+    V_KEYS_GROUPED: V's keys come in grouped order (layout.key_at_grouped_position)."""
     q_ptr: Scalar
     k_ptr: Scalar
     v_ptr: Scalar
     stride_qb: Scalar
     stride_qh: Scalar
+    stride_qt: Scalar
     stride_kb: Scalar
     stride_kh: Scalar
+    stride_kt: Scalar
     stride_vb: Scalar
     stride_vh: Scalar
     FP8: gl.constexpr
+    K_BLOCKED: gl.constexpr
     V_KEYS_GROUPED: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, q_ptr, k_ptr, v_ptr, stride_qb, stride_qh, stride_kb, stride_kh,
-                 stride_vb, stride_vh, FP8, V_KEYS_GROUPED):
+    def __init__(self, q_ptr, k_ptr, v_ptr, stride_qb, stride_qh, stride_qt, stride_kb,
+                 stride_kh, stride_kt, stride_vb, stride_vh, FP8, K_BLOCKED, V_KEYS_GROUPED):
         self.q_ptr = scalar(q_ptr)
         self.k_ptr = scalar(k_ptr)
         self.v_ptr = scalar(v_ptr)
         self.stride_qb = scalar(stride_qb)
         self.stride_qh = scalar(stride_qh)
+        self.stride_qt = scalar(stride_qt)
         self.stride_kb = scalar(stride_kb)
         self.stride_kh = scalar(stride_kh)
+        self.stride_kt = scalar(stride_kt)
         self.stride_vb = scalar(stride_vb)
         self.stride_vh = scalar(stride_vh)
         self.FP8 = gl.constexpr(FP8)
+        self.K_BLOCKED = gl.constexpr(K_BLOCKED)
         self.V_KEYS_GROUPED = gl.constexpr(V_KEYS_GROUPED)
 
     @gluon.jit
     def of_tile(self, tile):
-        """(q descale * k descale, v descale) of a tile; FP8 only."""
-        qk = (gl.load(self.q_ptr + tile.batch * self.stride_qb + tile.head * self.stride_qh)
-              * gl.load(self.k_ptr + tile.batch * self.stride_kb + tile.kv_head * self.stride_kh))
+        """The tile's TileScales; FP8 only."""
+        qk = gl.load(self.q_ptr + tile.batch * self.stride_qb + tile.head * self.stride_qh
+                     + tile.m_block * self.stride_qt)
+        k_row = self.k_ptr + tile.batch * self.stride_kb + tile.kv_head * self.stride_kh
+        if not self.K_BLOCKED:
+            qk = qk * gl.load(k_row)
         v = gl.load(self.v_ptr + tile.batch * self.stride_vb + tile.kv_head * self.stride_vh)
-        return qk, v
+        return TileScales(qk, v, k_row, self.stride_kt, self.K_BLOCKED)
 
 
 @aggregate
@@ -262,13 +304,13 @@ class Consumer:
         return p
 
     @gluon.jit
-    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, qk_descale, mod_args,
+    def softmax_update(self, s, m_i, l_i, rows, tile, key_start, scales, mod_args,
                        score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
         """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
         (p, alpha, m_new, l_new). MASKED applies the sequence end, causal and the window,
         MASK_HOOK also MASK_MOD; SCORE_MOD applies to every block (with SCORE_LINEAR as
-        score_columns, the tile's linear_columns, plus a term per row). qk_descale: FP8's q and
-        k descales (else unused)."""
+        score_columns, the tile's linear_columns, plus a term per row). scales: FP8's
+        TileScales (else unused)."""
         problem = self.problem
         BLOCK_N: gl.constexpr = problem.BLOCK_N
         cols = key_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
@@ -279,6 +321,7 @@ class Consumer:
         qk_scale = problem.softmax_scale_log2
         tanh_in = problem.softcap_in
         if self.FP8:
+            qk_descale = scales.at(key_start)
             if problem.SOFTCAP:
                 tanh_in = tanh_in * qk_descale
             else:
@@ -395,7 +438,7 @@ class KeyLoop:
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _key_blocks(loop, rows, tile, block_start, block_end, wg, qk_descale, mod_args,
+def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
                 score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
     """Steps [block_start, block_end) of the tile: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
     The loop carries P_{j-1}."""
@@ -420,7 +463,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, qk_descale, mod_ar
         s = warpgroup_mma_wait(1, deps=(s,))
         mbarrier.arrive(rings.k_empty.index(stage), count=1)
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
-                                                   qk_descale, mod_args, score_columns, MASKED,
+                                                   scales, mod_args, score_columns, MASKED,
                                                    MASK_HOOK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(rings.v_empty.index(prev_stage), count=1)
@@ -433,7 +476,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, qk_descale, mod_ar
 
 
 @gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, qk_descale, mod_args,
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mod_args,
                  score_columns):
     """The steps of one tile (at least one), the loop carrying P; releases Q after its last
     S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
@@ -457,11 +500,11 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, qk_descale
     HOOKED: gl.constexpr = LISTED and problem.MASK_MOD is not None
     if HOOKED and first < tile.first_full:   # a partial block: MASK_MOD applies
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
-                                                   qk_descale, mod_args, score_columns, True,
+                                                   scales, mod_args, score_columns, True,
                                                    True)
     else:
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
-                                                   qk_descale, mod_args, score_columns, True,
+                                                   scales, mod_args, score_columns, True,
                                                    False)
     loop = KeyLoop(acc, wg.carried_p(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
 
@@ -471,12 +514,12 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, qk_descale
     if problem.HAS_LEFT or LISTED:
         loop = _key_blocks(loop, rows, tile, first + 1, gl.minimum(tile.first_full,
                                                                    tile.num_blocks),
-                           wg, qk_descale, mod_args, score_columns, True, HOOKED)
+                           wg, scales, mod_args, score_columns, True, HOOKED)
     unmasked_from = gl.maximum(tile.first_full, first + 1)
-    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, qk_descale, mod_args,
+    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, scales, mod_args,
                        score_columns, False, False)
     loop = _key_blocks(loop, rows, tile, gl.maximum(tile.num_full, unmasked_from),
-                       tile.num_blocks, wg, qk_descale, mod_args, score_columns, True, False)
+                       tile.num_blocks, wg, scales, mod_args, score_columns, True, False)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
     # while the last P V and the epilogue run.
     mbarrier.arrive(rings.q_empty, count=1)
@@ -529,7 +572,7 @@ class Output:
 
 
 @gluon.jit
-def _store_tile(acc, m_i, l_i, rows, tile, output, wg, v_descale):
+def _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales):
     """Normalise O (FP8: and apply V's descale) and write this partition's rows of the tile
     (and their LSE)."""
     problem = wg.problem
@@ -537,7 +580,7 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg, v_descale):
     # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     if wg.FP8:
-        acc = acc * gl.expand_dims(gl.convert_layout(v_descale / l_safe, o_rows), 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(scales.v / l_safe, o_rows), 1)
     else:
         acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
     values = acc.to(output.out_ptr.dtype.element_ty)
@@ -600,16 +643,15 @@ def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.cons
             m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
             l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
             acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
-            qk_descale = 1.0
-            v_descale = 1.0
+            scales = TileScales(1.0, 1.0, None, 0, False)
             if wg.FP8:
-                qk_descale, v_descale = descales.of_tile(tile)
+                scales = descales.of_tile(tile)
             mbarrier.wait(rings.q_ready, tile_count & 1)
             if tile.first_block < tile.num_blocks:
                 acc, m_i, l_i, kv_count, turn_count = _attend_tile(
-                    acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, qk_descale, mod_args,
+                    acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mod_args,
                     wg.linear_columns(tile, mod_args))
             else:
                 mbarrier.arrive(rings.q_empty, count=1)
-            _store_tile(acc, m_i, l_i, rows, tile, output, wg, v_descale)
+            _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales)
             tile_count += 1
