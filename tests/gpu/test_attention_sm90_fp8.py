@@ -43,6 +43,7 @@ def quantized(shape, head_dim, dtype, per="tensor", head_dim_v=None):
 def run_sm90(q, k, v, causal, descales, grouped=False):
     """out, lse of the kernel on K-major V (in grouped key order with `grouped`), both poisoned
     with NaN first."""
+    assert not (grouped and fp8.is_k_major(v)), "k_major_copy takes a row-major V"
     v = fp8.k_major_copy(v, grouped) if grouped else tileattn.prepare_v(v)
     assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
@@ -138,7 +139,7 @@ def test_block_descales(head_dim, causal):
     q, k, v = (torch.randn(2, n, 4, head_dim, device="cuda", generator=gen)
                for n in (700, 1500, 1500))
     q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per="block", smooth_k=True,
-                                                   rotate=True)
+                                                   rotate=True, v_k_major=False)
     descales = {name: scales[name] for name in ("q_descale", "k_descale", "v_descale")}
     assert descales["q_descale"].dim() == 3 and descales["k_descale"].dim() == 3
     out, lse = run_sm90(q8, k8, v8, causal, descales, grouped=True)
