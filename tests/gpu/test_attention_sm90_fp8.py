@@ -15,7 +15,8 @@ from tileattn.bench import fp8_scales
 from tileattn.kernels.attention import sm90
 from tileattn.reference import attention_reference
 
-from ..conftest import LSE_TOLERANCES, TOLERANCES
+from ..conftest import TOLERANCES
+from .test_attention_sm90 import assert_close, make_inputs
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
@@ -30,12 +31,7 @@ SHAPES = [(2, 17, 17, 4, 2), (1, 3000, 17, 4, 4), (1, 1, 1, 2, 1), (1, 4097, 409
 
 
 def quantized(shape, head_dim, dtype, per="tensor", head_dim_v=None):
-    batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads = shape
-    gen = torch.Generator(device="cuda").manual_seed(sum(shape) + head_dim)
-    q = torch.randn(batch, seqlen_q, num_q_heads, head_dim, device="cuda", generator=gen)
-    k = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, device="cuda", generator=gen)
-    v = torch.randn(batch, seqlen_k, num_kv_heads, head_dim_v or head_dim, device="cuda",
-                    generator=gen)
+    q, k, v = make_inputs(shape, head_dim, torch.float32, head_dim_v)
     (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(x, dtype, per=per) for x in (q, k, v))
     return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
@@ -55,16 +51,9 @@ def run_sm90(q, k, v, causal, descales, grouped=False):
     return out, lse
 
 
-def assert_close(out, lse, q, k, v, causal, descales):
-    ref, ref_lse = attention_reference(q, k, v, causal=causal, **descales)
-    assert not out.isnan().any()
-    error = float((out.double() - ref).norm() / ref.norm())
-    assert error < TOLERANCES[q.dtype], error
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    assert ((lse.double() - ref_lse)[finite].abs() / ref_lse[finite].abs().clamp(min=1)).max() \
-        < LSE_TOLERANCES[q.dtype]
-    return error
+def relative_error(out, q, k, v, causal, descales):
+    ref, _ = attention_reference(q, k, v, causal=causal, **descales)
+    return float((out.double() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
@@ -74,7 +63,7 @@ def assert_close(out, lse, q, k, v, causal, descales):
 def test_each_dtype_head_dim_and_mask(dtype, head_dim, causal, grouped):
     q, k, v, descales = quantized(SHAPE, head_dim, dtype)
     out, lse = run_sm90(q, k, v, causal, descales, grouped)
-    assert_close(out, lse, q, k, v, causal, descales)
+    assert_close(out, lse, q, k, v, causal, **descales)
 
 
 @pytest.mark.parametrize("shape", [pytest.param(s, marks=() if i < 2 else (full,))
@@ -83,24 +72,24 @@ def test_each_dtype_head_dim_and_mask(dtype, head_dim, causal, grouped):
 def test_edge_shapes(shape, causal):
     q, k, v, descales = quantized(shape, 128, E4M3)
     out, lse = run_sm90(q, k, v, causal, descales, grouped=True)
-    assert_close(out, lse, q, k, v, causal, descales)
+    assert_close(out, lse, q, k, v, causal, **descales)
 
 
 def test_per_head_descales_and_dv_not_d():
     q, k, v, descales = quantized((2, 700, 1024, 8, 4), 128, E4M3, per="head", head_dim_v=64)
     out, lse = run_sm90(q, k, v, True, descales)
-    assert_close(out, lse, q, k, v, True, descales)
+    assert_close(out, lse, q, k, v, True, **descales)
 
 
 def test_error_matches_the_portable_kernel():
     """Same quantized inputs, same P rounding rule: the two kernels' errors agree."""
     q, k, v, descales = quantized((2, 1024, 2048, 8, 2), 128, E4M3)
     out, lse = run_sm90(q, k, v, True, descales)
-    error = assert_close(out, lse, q, k, v, True, descales)
+    assert_close(out, lse, q, k, v, True, **descales)
     with tileattn.use_kernels(attention="portable"):
         portable = tileattn.attention(q, k, v, causal=True, **descales)
-    ref, _ = attention_reference(q, k, v, causal=True, **descales)
-    portable_error = float((portable.double() - ref).norm() / ref.norm())
+    error = relative_error(out, q, k, v, True, descales)
+    portable_error = relative_error(portable, q, k, v, True, descales)
     assert error < 1.25 * portable_error + 1e-3, (error, portable_error)
 
 
@@ -118,8 +107,7 @@ def test_attention_dispatches_and_replays_here():
         second = tileattn.attention(q2, k2, v2, causal=True, **descales2)
     for inputs, out in (((q, k, v), descales), first), (((q2, k2, v2), descales2), second):
         (q_, k_, v_), d = inputs
-        ref, _ = attention_reference(q_, k_, v_, causal=True, **d)
-        assert float((out.double() - ref).norm() / ref.norm()) < TOLERANCES[E4M3]
+        assert relative_error(out, q_, k_, v_, True, d) < TOLERANCES[E4M3]
 
 
 def test_unaligned_v_rows_stay_portable():
@@ -143,7 +131,7 @@ def test_block_descales(head_dim, causal):
     descales = {name: scales[name] for name in ("q_descale", "k_descale", "v_descale")}
     assert descales["q_descale"].dim() == 3 and descales["k_descale"].dim() == 3
     out, lse = run_sm90(q8, k8, v8, causal, descales, grouped=True)
-    assert_close(out, lse, q8, k8, v8, causal, descales)
+    assert_close(out, lse, q8, k8, v8, causal, **descales)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -154,4 +142,5 @@ def test_attention_sink_keeps_p_in_range(seed):
     q, k, v = fp8_scales.make_inputs("sink", 2, 1024, 8, 128, seed, "cuda")
     q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v)
     out, lse = run_sm90(q8, k8, v8, True, scales)
-    assert assert_close(out, lse, q8, k8, v8, True, scales) <= 5e-3
+    assert_close(out, lse, q8, k8, v8, True, **scales)
+    assert relative_error(out, q8, k8, v8, True, scales) <= 5e-3
