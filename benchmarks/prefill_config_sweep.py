@@ -3,7 +3,8 @@
 Each candidate is launched explicitly with `config=` (kernels/attention/fwd.py attention_launch
 for the portable kernel, kernels/attention/sm90.py attention_sm90_launch for the Hopper one),
 so neither the table, the dispatch rule nor the call cache is touched; FP8 inputs pass V
-K-major, as attention() hands it to the kernel on sm89/sm90. The table row's output is checked
+K-major, as attention() hands it to the kernel on sm89/sm90 (to the Hopper kernel in grouped
+key order). The table row's output is checked
 against the fp64 reference (first batch element) and every candidate's against the table row's
 before it is timed (do_bench median). This fills the
 CONFIGS / CAUSAL_CONFIGS tables for a chip (docs/design.md, "Portable forward kernel" and
@@ -23,6 +24,7 @@ import argparse
 import torch
 
 import tileattn
+from tileattn import fp8
 from tileattn.arch import arch_of
 from tileattn.bench.common import device_facts, spin_up, time_ms, write_json
 from tileattn.bench.prefill import BATCH, CHECK_TOLERANCE, HEADS, TILEATTN_DTYPES, flops
@@ -34,10 +36,11 @@ from tileattn.reference import attention_reference
 PORTABLE_CANDIDATES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
                        (128, 128, 8, 4), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3),
                        (128, 64, 4, 3), (128, 128, 4, 2)]
-# Hopper kernel: (BLOCK_N, stages, ping-pong consumers); tests/test_sm90_cross_compile.py
-# says which fit 227 KB without spills at each head dim.
-SM90_CANDIDATES = [(64, 2, True), (64, 3, True), (128, 2, True), (128, 3, True),
-                   (128, 2, False), (128, 3, False)]
+# Hopper kernel: (BLOCK_N, stages, ping-pong consumers, thread_release);
+# tests/test_sm90_cross_compile.py says which fit 227 KB without spills at each head dim.
+SM90_CANDIDATES = [(64, 2, True, False), (64, 3, True, False), (128, 2, True, False),
+                   (128, 3, True, False), (128, 2, False, False), (128, 3, False, False),
+                   (64, 2, True, True), (128, 2, True, True), (128, 2, False, True)]
 
 
 def launch_for(kernel, candidate, q, k, v, out, descales, causal, arch):
@@ -49,9 +52,11 @@ def launch_for(kernel, candidate, q, k, v, out, descales, causal, arch):
                                     config=config)
     config = None
     if candidate:
-        block_n, stages, split = candidate
-        config = sm90.Sm90Config(block_n, stages, split=split)
-    return sm90.attention_sm90_launch(q, k, v, out, None, scale, causal, config=config)
+        block_n, stages, split, thread_release = candidate
+        config = sm90.Sm90Config(block_n, stages, split=split, thread_release=thread_release)
+    fp8 = dict(zip(("q_descale", "k_descale", "v_descale"), descales), v_keys_grouped=True)
+    return sm90.attention_sm90_launch(q, k, v, out, None, scale, causal, config=config,
+                                      **(fp8 if descales[0] is not None else {}))
 
 
 def main(argv=None) -> None:
@@ -75,14 +80,20 @@ def main(argv=None) -> None:
                 x = [torch.randn(BATCH, context, HEADS, head_dim, device=device) for _ in range(3)]
                 if dtype.itemsize == 2:
                     (q, k, v), descales = (t.to(dtype) for t in x), (None, None, None)
+                    v_reference = v
                 else:
-                    (q, qd), (k, kd), (v, vd) = (tileattn.quantize_fp8(t, dtype) for t in x)
-                    v, descales = tileattn.prepare_v(v), (qd, kd, vd)
+                    (q, qd), (k, kd), (v_reference, vd) = (tileattn.quantize_fp8(t, dtype)
+                                                           for t in x)
+                    v = (fp8.k_major_copy(v_reference, grouped=True) if args.kernel == "sm90"
+                         else tileattn.prepare_v(v_reference))
+                    descales = (qd, kd, vd)
                 out = torch.empty(BATCH, context, HEADS, head_dim, device=device,
                                   dtype=torch.bfloat16 if dtype.itemsize == 1 else dtype)
                 launch_for(args.kernel, None, q, k, v, out, descales, args.causal, arch).run()
                 expected = out.float().clone()
-                reference, _ = attention_reference(q[:1], k[:1], v[:1], causal=args.causal,
+                # The reference reads V row-major (the Hopper kernel's FP8 copy is key-grouped).
+                reference, _ = attention_reference(q[:1], k[:1], v_reference[:1],
+                                                   causal=args.causal,
                                                    q_descale=descales[0], k_descale=descales[1],
                                                    v_descale=descales[2])
                 error = float((out[:1].double() - reference).norm() / reference.norm())
@@ -119,7 +130,7 @@ def main(argv=None) -> None:
                 print(f"D={head_dim} {dtype_name} N={context}: table row "
                       f"{table and round(table['tflops'])} TFLOP/s, best candidate "
                       f"{best and best['config']} {best and round(best['tflops'])}", flush=True)
-                del q, k, v, out, expected, x
+                del q, k, v, v_reference, out, expected, x
                 torch.cuda.empty_cache()
     path = write_json(f"prefill-config-sweep-{args.kernel}",
                       dict(device_facts(), causal=args.causal, rows=rows), args.out)

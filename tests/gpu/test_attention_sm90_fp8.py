@@ -5,6 +5,8 @@ that see no key. The kernel reads V K-major through TMA: copies made by tileattn
 to 16-byte multiples, so any length runs. Skipped elsewhere; `pytest --full` adds the cross product.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,9 +38,9 @@ def quantized(shape, head_dim, dtype, per="tensor", head_dim_v=None):
     return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
 
-def run_sm90(q, k, v, causal, descales, grouped=False):
+def run_sm90(q, k, v, causal, descales, grouped=False, config=None):
     """out, lse of the kernel on K-major V (in grouped key order with `grouped`), both poisoned
-    with NaN first."""
+    with NaN first; config: a row other than config_for's."""
     assert not (grouped and fp8.is_k_major(v)), "k_major_copy takes a row-major V"
     v = fp8.k_major_copy(v, grouped) if grouped else tileattn.prepare_v(v)
     assert sm90.supports(q, k, v, causal)
@@ -46,7 +48,7 @@ def run_sm90(q, k, v, causal, descales, grouped=False):
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
                      dtype=torch.bfloat16)
     lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
-    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal,
+    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
                                v_keys_grouped=grouped, **descales).run()
     return out, lse
 
@@ -72,6 +74,15 @@ def test_each_dtype_head_dim_and_mask(dtype, head_dim, causal, grouped):
 def test_edge_shapes(shape, causal):
     q, k, v, descales = quantized(shape, 128, E4M3)
     out, lse = run_sm90(q, k, v, causal, descales, grouped=True)
+    assert_close(out, lse, q, k, v, causal, **descales)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_thread_release(causal):
+    """Config option thread_release (buffers released, turns passed by each thread's arrive)."""
+    q, k, v, descales = quantized(SHAPE, 128, E4M3)
+    config = dataclasses.replace(sm90.config_for(128, 128, True), thread_release=True)
+    out, lse = run_sm90(q, k, v, causal, descales, grouped=True, config=config)
     assert_close(out, lse, q, k, v, causal, **descales)
 
 

@@ -66,6 +66,9 @@ class Sm90Config:
     # The two consumer warpgroups as separate partitions taking turns at the tensor cores
     # (FA3's ping-pong) rather than one 8-warp partition that Triton keeps in lockstep.
     split: bool = False
+    # Consumers release K/V buffers and pass turns by each thread's arrive, with no warpgroup
+    # barrier before it (Rings.release): an A/B option, off until measured.
+    thread_release: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -163,7 +166,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr, THREAD_RELEASE: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -213,7 +216,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
-    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
+    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1,
+                           THREAD_RELEASE)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
     # plain tuple does not (Triton 3.6): `args + (HALF, PINGPONG)` unwraps the constexprs to
     # Python ints that warp_specialize cannot pass ("'int' object has no attribute
@@ -368,7 +372,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
-        V_KEYS_GROUPED=v_keys_grouped,
+        V_KEYS_GROUPED=v_keys_grouped, THREAD_RELEASE=config.thread_release,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

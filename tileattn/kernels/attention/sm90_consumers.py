@@ -13,6 +13,7 @@ annotations at compile time, so the annotations must be classes, not strings.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
@@ -47,10 +48,11 @@ class Rings:
     v_ready: gl.shared_memory_descriptor
     v_empty: gl.shared_memory_descriptor
     turn_bars: gl.shared_memory_descriptor
+    THREAD_RELEASE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                 v_empty, turn_bars):
+                 v_empty, turn_bars, THREAD_RELEASE):
         self.q_smem = q_smem
         self.k_smem = k_smem
         self.v_smem = v_smem
@@ -61,11 +63,18 @@ class Rings:
         self.v_ready = v_ready
         self.v_empty = v_empty
         self.turn_bars = turn_bars
+        self.THREAD_RELEASE = gl.constexpr(THREAD_RELEASE)
 
     @gluon.jit
-    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                 THREAD_RELEASE: gl.constexpr):
         """Allocate and initialise; every consumer partition releases every buffer, so the
-        empty barriers count NUM_CONSUMERS arrivals."""
+        empty barriers count NUM_CONSUMERS arrivals. THREAD_RELEASE (an A/B option, off in
+        every config row until measured): the K/V empty and turn barriers count an arrival
+        from each of the consumers' 256 threads, so no warpgroup barrier comes before them
+        (release)."""
+        RELEASES: gl.constexpr = 256 if THREAD_RELEASE else NUM_CONSUMERS
+        TURN_ARRIVALS: gl.constexpr = 128 if THREAD_RELEASE else 1
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)
@@ -81,14 +90,24 @@ class Rings:
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=NUM_CONSUMERS)
         for i in gl.static_range(2):
-            mbarrier.init(turn_bars.index(i), count=1)
+            mbarrier.init(turn_bars.index(i), count=TURN_ARRIVALS)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
+            mbarrier.init(k_empty.index(i), count=RELEASES)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+            mbarrier.init(v_empty.index(i), count=RELEASES)
         return Rings(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     turn_bars)
+                     turn_bars, THREAD_RELEASE)
+
+    @gluon.jit
+    def release(self, bar):
+        """Arrive on a K/V empty or turn barrier (the reads or GEMM issues it stands for already
+        waited for): with THREAD_RELEASE each thread arrives (cp.async's arrive, no copy
+        pending), else one thread after the warpgroup barrier Triton puts before it."""
+        if self.THREAD_RELEASE:
+            async_copy.mbarrier_arrive(bar, increment_count=False)
+        else:
+            mbarrier.arrive(bar, count=1)
 
     @gluon.jit
     def k_operand(self, stage):
@@ -270,7 +289,7 @@ class Consumer:
     @gluon.jit
     def pass_turn(self):
         if self.PINGPONG:
-            mbarrier.arrive(self.rings.turn_bars.index(1 - self.HALF), count=1)
+            self.rings.release(self.rings.turn_bars.index(1 - self.HALF))
 
     @gluon.jit
     def p_operand(self, p_f32):
@@ -461,12 +480,12 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
         wg.pass_turn()
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
-        mbarrier.arrive(rings.k_empty.index(stage), count=1)
+        rings.release(rings.k_empty.index(stage))
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
                                                    scales, mod_args, score_columns, MASKED,
                                                    MASK_HOOK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(rings.v_empty.index(prev_stage), count=1)
+        rings.release(rings.v_empty.index(prev_stage))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
         p = wg.carried_p(p_f32)
         prev_stage = stage
@@ -495,7 +514,7 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mo
                       use_acc=False, is_async=True)
     wg.pass_turn()
     s = warpgroup_mma_wait(0, deps=(s,))
-    mbarrier.arrive(rings.k_empty.index(stage), count=1)
+    rings.release(rings.k_empty.index(stage))
     LISTED: gl.constexpr = problem.KV_BLOCK > 0
     HOOKED: gl.constexpr = LISTED and problem.MASK_MOD is not None
     if HOOKED and first < tile.first_full:   # a partial block: MASK_MOD applies
@@ -531,7 +550,7 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mo
     acc = warpgroup_mma(p_op, rings.v_operand(loop.stage), loop.acc, is_async=True)
     wg.pass_turn()
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(rings.v_empty.index(loop.stage), count=1)
+    rings.release(rings.v_empty.index(loop.stage))
     return acc, loop.m_i, loop.l_i, loop.kv_count, turn_count
 
 
