@@ -86,6 +86,29 @@ def test_thread_release(causal):
     assert_close(out, lse, q, k, v, causal, **descales)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_serving_masks(head_dim, causal):
+    """FP8 with the built-in softcap (tanh's argument takes the descales), ALiBi (a linear
+    score term under causal, a hook otherwise) and a left window, forced onto this kernel
+    through attention(); attention() takes FP8 with these masks here only when forced
+    (dispatch.attention_kernel) until this test has run on a GPU."""
+    q, k, v, descales = quantized(SHAPE, head_dim, E4M3, per="head")
+    slopes = torch.rand(8, device="cuda")
+    cases = [dict(softcap=1.0), dict(alibi_slopes=slopes),
+             dict(window_size=(300, 0 if causal else -1)),
+             dict(softcap=30.0, alibi_slopes=slopes, window_size=(700, 0 if causal else -1))]
+    with tileattn.use_kernels(attention="sm90"):
+        assert dispatch.attention_kernel(arch_of(q.device), q, k, tileattn.prepare_v(v),
+                                         causal, dispatch.current(), True) == "sm90"
+        for masks in cases:
+            out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True, **masks,
+                                          **descales)
+            assert_close(out, lse, q, k, v, causal, **masks, **descales)
+    assert dispatch.attention_kernel(arch_of(q.device), q, k, tileattn.prepare_v(v), causal,
+                                     dispatch.Settings(), True) == "portable"
+
+
 def test_per_head_descales_and_dv_not_d():
     q, k, v, descales = quantized((2, 700, 1024, 8, 4), 128, E4M3, per="head", head_dim_v=64)
     out, lse = run_sm90(q, k, v, True, descales)
