@@ -9,6 +9,8 @@ from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 GL_DTYPES = {
     torch.float32: gl.float32, torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
@@ -86,3 +88,16 @@ def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def release(bar, PER_THREAD: gl.constexpr):
+    """Arrive on a barrier that says a warpgroup is done (its reads or GEMM issues already
+    waited for). PER_THREAD: each thread arrives (the barrier counts 128 a warpgroup), so no
+    warpgroup barrier comes before it; else one thread arrives, after the barrier Triton puts
+    before each such arrive."""
+    if PER_THREAD:
+        # cp.async's arrive, with no copy pending, is an arrive by each thread at once.
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar, count=1)

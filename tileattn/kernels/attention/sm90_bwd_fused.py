@@ -30,12 +30,11 @@ No `from __future__ import annotations` here (Gluon reads annotations as classes
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
-from ..gluon_common import Scalar, scalar, tma_reduce_add, tma_ready
+from ..gluon_common import Scalar, release, scalar, tma_reduce_add, tma_ready
 from ..runtime import KernelLaunch
 from .configs import padded_head_dim
 from .sm90 import LOG2_E, _descriptor
@@ -327,18 +326,6 @@ def _dq_partition(work, rings, dq_desc):
 
 
 @gluon.jit
-def _release(bar, PER_THREAD: gl.constexpr):
-    """Arrive on a barrier that says a warpgroup has done reading (reads already waited for).
-    PER_THREAD: each thread arrives (128 a warpgroup), so no warpgroup barrier comes before it;
-    else one thread arrives, after the barrier Triton puts before each such arrive."""
-    if PER_THREAD:
-        # cp.async's arrive, with no copy pending, is an arrive by each thread at once.
-        async_copy.mbarrier_arrive(bar, increment_count=False)
-    else:
-        mbarrier.arrive(bar, count=1)
-
-
-@gluon.jit
 def _hand_dq(dq, rings, i, HALF: gl.constexpr):
     """Step i's dQ columns of warpgroup HALF into dQ buffer i % 2 for the dQ warp."""
     BLOCK_M: gl.constexpr = rings.dq_smem.shape[3]
@@ -452,8 +439,8 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
             dq = warpgroup_mma(ds_tile.permute((1, 0)), k_columns, dq_zero, use_acc=False,
                                is_async=True)
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            _release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
-            _release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
+            release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
+            release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
             _hand_dq(dq, rings, i, HALF)
         else:
             # dQ first: dK runs while dQ goes through shared memory to the dQ warp.
@@ -462,10 +449,10 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
                                is_async=True)
             dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
-            _release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
+            release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
             _hand_dq(dq, rings, i, HALF)
             dk = warpgroup_mma_wait(0, deps=(dk,))
-            _release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
+            release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
 
     # dK = softmax_scale · dSᵀ Q: the scale of the score's derivative, applied once here.
     k_start = work.k_start

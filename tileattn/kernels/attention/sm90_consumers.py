@@ -13,12 +13,11 @@ annotations at compile time, so the annotations must be classes, not strings.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
-from ..gluon_common import Scalar, online_softmax, scalar
+from ..gluon_common import Scalar, online_softmax, release, scalar
 from .configs import DESCALE_BLOCK_ROWS
 from .fwd import FP8_P_OFFSET
 from .sm90_tiles import Problem
@@ -101,13 +100,8 @@ class Rings:
 
     @gluon.jit
     def release(self, bar):
-        """Arrive on a K/V empty or turn barrier (the reads or GEMM issues it stands for already
-        waited for): with THREAD_RELEASE each thread arrives (cp.async's arrive, no copy
-        pending), else one thread after the warpgroup barrier Triton puts before it."""
-        if self.THREAD_RELEASE:
-            async_copy.mbarrier_arrive(bar, increment_count=False)
-        else:
-            mbarrier.arrive(bar, count=1)
+        """Arrive on a K/V empty or turn barrier: by each thread with THREAD_RELEASE."""
+        release(bar, self.THREAD_RELEASE)
 
     @gluon.jit
     def k_operand(self, stage):
