@@ -36,11 +36,10 @@ from tileattn.reference import attention_reference
 PORTABLE_CANDIDATES = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
                        (128, 128, 8, 4), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3),
                        (128, 64, 4, 3), (128, 128, 4, 2)]
-# Hopper kernel: (BLOCK_N, stages, ping-pong consumers, thread_release);
+# Hopper kernel: (BLOCK_N, stages, ping-pong consumers);
 # tests/test_sm90_cross_compile.py says which fit 227 KB without spills at each head dim.
-SM90_CANDIDATES = [(64, 2, True, False), (64, 3, True, False), (128, 2, True, False),
-                   (128, 3, True, False), (128, 2, False, False), (128, 3, False, False),
-                   (64, 2, True, True), (128, 2, True, True), (128, 2, False, True)]
+SM90_CANDIDATES = [(64, 2, True), (64, 3, True), (128, 2, True), (128, 3, True), (128, 2, False),
+                   (128, 3, False)]
 
 
 def launch_for(kernel, candidate, q, k, v, out, descales, causal, arch):
@@ -52,8 +51,8 @@ def launch_for(kernel, candidate, q, k, v, out, descales, causal, arch):
                                     config=config)
     config = None
     if candidate:
-        block_n, stages, split, thread_release = candidate
-        config = sm90.Sm90Config(block_n, stages, split=split, thread_release=thread_release)
+        block_n, stages, split = candidate
+        config = sm90.Sm90Config(block_n, stages, split=split)
     fp8 = dict(zip(("q_descale", "k_descale", "v_descale"), descales), v_keys_grouped=True)
     return sm90.attention_sm90_launch(q, k, v, out, None, scale, causal, config=config,
                                       **(fp8 if descales[0] is not None else {}))

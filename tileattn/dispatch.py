@@ -81,20 +81,16 @@ SM90_MIN_WORK_FP8 = 1 << 36
 
 
 def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     causal: bool, settings: Settings, serving_masks: bool = False) -> str:
+                     causal: bool, settings: Settings) -> str:
     """The forward kernel for checked inputs (v already in the layout the call will pass):
     "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster (16-bit
     and FP8 inputs except D = 64, with enough work) or is forced, and it supports the inputs
     (FP8: v as the call will pass it, K-major);
     "portable" otherwise. Asked only for calls the Hopper kernel can mask: softcap, ALiBi,
-    windows whose right bound is causal's or none (ops/attention.py); serving_masks: the call
-    has a softcap, ALiBi or a left window, which FP8 takes to the Hopper kernel only when
-    forced until its GPU tests have run (tests/gpu/test_attention_sm90_fp8.py's masks)."""
+    windows whose right bound is causal's or none (ops/attention.py)."""
     if settings.attention == "portable" or not arch.has_wgmma or arch.name == "cpu":
         return "portable"
     if settings.attention == "auto" and not _sm90_preferred(q, k, causal):
-        return "portable"
-    if settings.attention == "auto" and serving_masks and q.dtype in FP8_DTYPES:
         return "portable"
     from .kernels.attention import sm90  # Gluon: imported only where it can run
     return "sm90" if sm90.supports(q, k, v, causal) else "portable"

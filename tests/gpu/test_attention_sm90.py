@@ -36,17 +36,16 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
 PADDED_DIMS = [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)]
 
 
-def run_sm90(q, k, v, causal, split=None, thread_release=False, **masks):
+def run_sm90(q, k, v, causal, split=None, **masks):
     """out, lse of the sm90 kernel, both poisoned with NaN first so that unwritten elements
     fail the comparison. split: force the ping-pong (True) or lockstep (False) consumers;
-    thread_release: the config option; masks: attention_sm90_launch's softcap / window_left."""
+    masks: attention_sm90_launch's softcap / window_left."""
     assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device=q.device,
                      dtype=q.dtype)
     lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device=q.device)
-    config = dataclasses.replace(sm90.config_for(q.shape[3], v.shape[3]),
-                                 thread_release=thread_release)
+    config = sm90.config_for(q.shape[3], v.shape[3])
     if split is not None:
         config = dataclasses.replace(config, split=split)
     sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
@@ -120,15 +119,6 @@ def test_each_dtype_head_dim_and_mask(dtype, head_dim, head_dim_v, causal):
     """The default (ping-pong) consumers on one shape per dtype, head-dim family and mask,
     padded (96 -> 128, 192 -> 256) and Dv != D included."""
     check(SHAPE, head_dim, dtype, causal, head_dim_v=head_dim_v)
-
-
-@pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize("head_dim,causal", [(128, True), (256, False)])
-def test_thread_release(head_dim, causal, split):
-    """Config option thread_release: buffers released and turns passed by each thread's arrive."""
-    q, k, v = make_inputs(SHAPE, head_dim, torch.bfloat16)
-    out, lse = run_sm90(q, k, v, causal, split=split, thread_release=True)
-    assert_close(out, lse, q, k, v, causal)
 
 
 def test_lockstep_consumers():

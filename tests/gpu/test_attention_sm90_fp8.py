@@ -5,7 +5,6 @@ that see no key. The kernel reads V K-major through TMA: copies made by tileattn
 to 16-byte multiples, so any length runs. Skipped elsewhere; `pytest --full` adds the cross product.
 """
 
-import dataclasses
 
 import pytest
 import torch
@@ -38,9 +37,9 @@ def quantized(shape, head_dim, dtype, per="tensor", head_dim_v=None):
     return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
 
-def run_sm90(q, k, v, causal, descales, grouped=False, config=None):
+def run_sm90(q, k, v, causal, descales, grouped=False):
     """out, lse of the kernel on K-major V (in grouped key order with `grouped`), both poisoned
-    with NaN first; config: a row other than config_for's."""
+    with NaN first."""
     assert not (grouped and fp8.is_k_major(v)), "k_major_copy takes a row-major V"
     v = fp8.k_major_copy(v, grouped) if grouped else tileattn.prepare_v(v)
     assert sm90.supports(q, k, v, causal)
@@ -48,7 +47,7 @@ def run_sm90(q, k, v, causal, descales, grouped=False, config=None):
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
                      dtype=torch.bfloat16)
     lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
-    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
+    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal,
                                v_keys_grouped=grouped, **descales).run()
     return out, lse
 
@@ -78,21 +77,11 @@ def test_edge_shapes(shape, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_thread_release(causal):
-    """Config option thread_release (buffers released, turns passed by each thread's arrive)."""
-    q, k, v, descales = quantized(SHAPE, 128, E4M3)
-    config = dataclasses.replace(sm90.config_for(128, 128, True), thread_release=True)
-    out, lse = run_sm90(q, k, v, causal, descales, grouped=True, config=config)
-    assert_close(out, lse, q, k, v, causal, **descales)
-
-
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_serving_masks(head_dim, causal):
     """FP8 with the built-in softcap (tanh's argument takes the descales), ALiBi (a linear
-    score term under causal, a hook otherwise) and a left window, forced onto this kernel
-    through attention(); attention() takes FP8 with these masks here only when forced
-    (dispatch.attention_kernel) until this test has run on a GPU."""
+    score term under causal, a hook otherwise) and a left window, through attention() (forced
+    onto this kernel: these shapes are below the dispatch's work threshold)."""
     q, k, v, descales = quantized(SHAPE, head_dim, E4M3, per="head")
     slopes = torch.rand(8, device="cuda")
     cases = [dict(softcap=1.0), dict(alibi_slopes=slopes),
@@ -100,13 +89,11 @@ def test_serving_masks(head_dim, causal):
              dict(softcap=30.0, alibi_slopes=slopes, window_size=(700, 0 if causal else -1))]
     with tileattn.use_kernels(attention="sm90"):
         assert dispatch.attention_kernel(arch_of(q.device), q, k, tileattn.prepare_v(v),
-                                         causal, dispatch.current(), True) == "sm90"
+                                         causal, dispatch.current()) == "sm90"
         for masks in cases:
             out, lse = tileattn.attention(q, k, v, causal=causal, return_lse=True, **masks,
                                           **descales)
             assert_close(out, lse, q, k, v, causal, **masks, **descales)
-    assert dispatch.attention_kernel(arch_of(q.device), q, k, tileattn.prepare_v(v), causal,
-                                     dispatch.Settings(), True) == "portable"
 
 
 def test_per_head_descales_and_dv_not_d():

@@ -163,11 +163,17 @@ FP8_KINDS = ["causal", "document", "prefix_lm", "alibi", "softcap", "empty_rows"
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("kind", FP8_KINDS)
-def test_fp8(kind, dtype, launches):
+def test_fp8(kind, dtype, launches, head_dim=128):
     """FP8 with per-tensor descales: V copied K-major in grouped key order (ops/flex.py)."""
-    arguments = _arguments(kind, torch.float32, seqlen_q=1000, seqlen_k=1504)
+    arguments = _arguments(kind, torch.float32, seqlen_q=1000, seqlen_k=1504, head_dim=head_dim)
     for name in ("query", "key", "value"):
         scale = torch.finfo(dtype).max / arguments[name].abs().amax()
         arguments[name] = (arguments[name] * scale).to(dtype)
         arguments[name[0] + "_descale"] = (1.0 / scale).to(torch.float32)
     _check(arguments, launches)
+
+
+@pytest.mark.parametrize("kind", ["document", "alibi"])
+def test_fp8_d256(kind, launches):
+    """D=256 FP8 (128-key blocks, the consumers' registers full) with a mask or score hook."""
+    test_fp8(kind, torch.float8_e4m3fn, launches, head_dim=256)

@@ -75,8 +75,7 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
     # The Hopper kernel has softcap, ALiBi (its score hook) and left windows; a right window
     # bound other than causal's runs the portable one.
     hopper_masks = causal or window[1] == -1
-    serving_masks = cap > 0 or alibi_slopes is not None or window[0] >= 0
-    kernel = (dispatch.attention_kernel(arch, q, k, v, causal, settings, serving_masks)
+    kernel = (dispatch.attention_kernel(arch, q, k, v, causal, settings)
               if hopper_masks else "portable")
     # A V copied here goes to the Hopper kernel in grouped key order (kernels/attention/
     # layout.py): its FP8 P then feeds P @ V without a register shuffle.

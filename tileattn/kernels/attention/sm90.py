@@ -66,9 +66,6 @@ class Sm90Config:
     # The two consumer warpgroups as separate partitions taking turns at the tensor cores
     # (FA3's ping-pong) rather than one 8-warp partition that Triton keeps in lockstep.
     split: bool = False
-    # Consumers release K/V buffers and pass turns by each thread's arrive, with no warpgroup
-    # barrier before it (Rings.release): an A/B option, off until measured.
-    thread_release: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -88,12 +85,14 @@ CONFIGS: dict[int, Sm90Config] = {
 }
 
 
-# FP8 (padded head dim -> config): the S accumulator and the fp32 P the key loop carries
-# (Consumer.carried_p) share the registers with O, so D=256 takes 64-key blocks.
+# FP8 (padded head dim -> config): 128-key blocks at every dim. At D=256 the S accumulator, the
+# fp32 P the key loop carries (Consumer.carried_p) and O fill the consumers' registers and a few
+# per-tile scalars wait on the stack, outside the key loops; measured faster than 64-key blocks
+# all the same (docs/design.md, "FP8 on the Hopper kernel").
 FP8_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(128, 3, split=True),
     128: Sm90Config(128, 2, split=True),
-    256: Sm90Config(64, 2, split=True),
+    256: Sm90Config(128, 2, split=True),
 }
 
 
@@ -166,7 +165,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr, THREAD_RELEASE: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -216,8 +215,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
-    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1,
-                           THREAD_RELEASE)
+    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
     # plain tuple does not (Triton 3.6): `args + (HALF, PINGPONG)` unwraps the constexprs to
     # Python ints that warp_specialize cannot pass ("'int' object has no attribute
@@ -372,7 +370,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
-        V_KEYS_GROUPED=v_keys_grouped, THREAD_RELEASE=config.thread_release,
+        V_KEYS_GROUPED=v_keys_grouped,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

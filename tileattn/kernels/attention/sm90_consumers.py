@@ -47,11 +47,10 @@ class Rings:
     v_ready: gl.shared_memory_descriptor
     v_empty: gl.shared_memory_descriptor
     turn_bars: gl.shared_memory_descriptor
-    THREAD_RELEASE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                 v_empty, turn_bars, THREAD_RELEASE):
+                 v_empty, turn_bars):
         self.q_smem = q_smem
         self.k_smem = k_smem
         self.v_smem = v_smem
@@ -62,18 +61,11 @@ class Rings:
         self.v_ready = v_ready
         self.v_empty = v_empty
         self.turn_bars = turn_bars
-        self.THREAD_RELEASE = gl.constexpr(THREAD_RELEASE)
 
     @gluon.jit
-    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                 THREAD_RELEASE: gl.constexpr):
+    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
         """Allocate and initialise; every consumer partition releases every buffer, so the
-        empty barriers count NUM_CONSUMERS arrivals. THREAD_RELEASE (an A/B option, off in
-        every config row until measured): the K/V empty and turn barriers count an arrival
-        from each of the consumers' 256 threads, so no warpgroup barrier comes before them
-        (release)."""
-        RELEASES: gl.constexpr = 256 if THREAD_RELEASE else NUM_CONSUMERS
-        TURN_ARRIVALS: gl.constexpr = 128 if THREAD_RELEASE else 1
+        empty barriers count NUM_CONSUMERS arrivals."""
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)
@@ -89,19 +81,20 @@ class Rings:
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=NUM_CONSUMERS)
         for i in gl.static_range(2):
-            mbarrier.init(turn_bars.index(i), count=TURN_ARRIVALS)
+            mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=RELEASES)
+            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=RELEASES)
+            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
         return Rings(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     turn_bars, THREAD_RELEASE)
+                     turn_bars)
 
     @gluon.jit
     def release(self, bar):
-        """Arrive on a K/V empty or turn barrier: by each thread with THREAD_RELEASE."""
-        release(bar, self.THREAD_RELEASE)
+        """Arrive on a K/V empty or turn barrier, once for the warpgroup (a per-thread arrive
+        that skips the warpgroup barrier before it lost 0-5%: docs/design.md)."""
+        release(bar, False)
 
     @gluon.jit
     def k_operand(self, stage):
