@@ -88,7 +88,7 @@ CONFIGS: dict[int, Sm90Config] = {
 # FP8 (padded head dim -> config): 128-key blocks at every dim. At D=256 the S accumulator, the
 # fp32 P the key loop carries (Consumer.carried_p) and O fill the consumers' registers and a few
 # per-tile scalars wait on the stack, outside the key loops; measured faster than 64-key blocks
-# all the same (docs/design.md, "FP8 on the Hopper kernel").
+# all the same (docs/design.md, "Kernel choice").
 FP8_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(128, 3, split=True),
     128: Sm90Config(128, 2, split=True),
