@@ -36,17 +36,16 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
 PADDED_DIMS = [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)]
 
 
-def run_sm90(q, k, v, causal, split=None, exp2_on_fma=None, **masks):
+def run_sm90(q, k, v, causal, split=None, **masks):
     """out, lse of the sm90 kernel, both poisoned with NaN first so that unwritten elements
     fail the comparison. split: force the ping-pong (True) or lockstep (False) consumers;
-    exp2_on_fma: the config option; masks: attention_sm90_launch's softcap / window_left."""
+    masks: attention_sm90_launch's softcap / window_left."""
     assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device=q.device,
                      dtype=q.dtype)
     lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device=q.device)
-    config = dataclasses.replace(sm90.config_for(q.shape[3], v.shape[3]),
-                                 exp2_on_fma=exp2_on_fma)
+    config = sm90.config_for(q.shape[3], v.shape[3])
     if split is not None:
         config = dataclasses.replace(config, split=split)
     sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
@@ -120,19 +119,6 @@ def test_each_dtype_head_dim_and_mask(dtype, head_dim, head_dim_v, causal):
     """The default (ping-pong) consumers on one shape per dtype, head-dim family and mask,
     padded (96 -> 128, 192 -> 256) and Dv != D included."""
     check(SHAPE, head_dim, dtype, causal, head_dim_v=head_dim_v)
-
-
-@pytest.mark.parametrize("shape", [SHAPE, (1, 3000, 17, 4, 2)],
-                         ids=["odd", "more-queries-than-keys"])
-@pytest.mark.parametrize("head_dim,causal,softcap", [(64, False, 0.0), (128, True, 2.0),
-                                                     (256, True, 0.0)])
-def test_exp2_on_fma(shape, head_dim, causal, softcap):
-    """Half of P's exponentials on the FMA pipe (Sm90Config.exp2_on_fma): rows that see no key
-    (causal, more queries than keys) still get exact zeros; scores of several units."""
-    q, k, v = make_inputs(shape, head_dim, torch.bfloat16)
-    q = q * 4
-    out, lse = run_sm90(q, k, v, causal, exp2_on_fma=True, softcap=softcap)
-    assert_close(out, lse, q, k, v, causal, softcap=softcap)
 
 
 def test_lockstep_consumers():

@@ -5,7 +5,6 @@ that see no key. The kernel reads V K-major through TMA: copies made by tileattn
 to 16-byte multiples, so any length runs. Skipped elsewhere; `pytest --full` adds the cross product.
 """
 
-import dataclasses
 
 import pytest
 import torch
@@ -38,9 +37,9 @@ def quantized(shape, head_dim, dtype, per="tensor", head_dim_v=None):
     return q, k, v, dict(q_descale=qd, k_descale=kd, v_descale=vd)
 
 
-def run_sm90(q, k, v, causal, descales, grouped=False, exp2_on_fma=None):
+def run_sm90(q, k, v, causal, descales, grouped=False):
     """out, lse of the kernel on K-major V (in grouped key order with `grouped`), both poisoned
-    with NaN first; exp2_on_fma: the config option."""
+    with NaN first."""
     assert not (grouped and fp8.is_k_major(v)), "k_major_copy takes a row-major V"
     v = fp8.k_major_copy(v, grouped) if grouped else tileattn.prepare_v(v)
     assert sm90.supports(q, k, v, causal)
@@ -48,9 +47,7 @@ def run_sm90(q, k, v, causal, descales, grouped=False, exp2_on_fma=None):
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device="cuda",
                      dtype=torch.bfloat16)
     lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device="cuda")
-    config = dataclasses.replace(sm90.config_for(q.shape[3], v.shape[3], True),
-                                 exp2_on_fma=exp2_on_fma)
-    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
+    sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal,
                                v_keys_grouped=grouped, **descales).run()
     return out, lse
 
@@ -77,18 +74,6 @@ def test_edge_shapes(shape, causal):
     q, k, v, descales = quantized(shape, 128, E4M3)
     out, lse = run_sm90(q, k, v, causal, descales, grouped=True)
     assert_close(out, lse, q, k, v, causal, **descales)
-
-
-@pytest.mark.parametrize("head_dim,causal", [(128, False), (256, True)])
-def test_exp2_on_fma(head_dim, causal):
-    """Half of P's exponentials on the FMA pipe (Sm90Config.exp2_on_fma), P offset by 2^8: the
-    same error as the special-function unit's exponentials."""
-    q, k, v, descales = quantized(SHAPE, head_dim, E4M3)
-    out, lse = run_sm90(q, k, v, causal, descales, grouped=True, exp2_on_fma=True)
-    assert_close(out, lse, q, k, v, causal, **descales)
-    unit, _ = run_sm90(q, k, v, causal, descales, grouped=True, exp2_on_fma=False)
-    error, unit_error = (relative_error(o, q, k, v, causal, descales) for o in (out, unit))
-    assert error < 1.02 * unit_error, (error, unit_error)
 
 
 @pytest.mark.parametrize("causal", [False, True])

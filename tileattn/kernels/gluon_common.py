@@ -63,56 +63,13 @@ def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
     return x.data_ptr() % 16 == 0 and all(x.stride(d) * size % 16 == 0 for d in dims)
 
 
-# 2^f on [-1/2, 1/2] as 1 + f (C1 + f (C2 + f C3)): relative error 1.0e-4 (minimax, fitted
-# with the constant term held at exactly 1 so that 2^-127 comes out as +0), below bf16's and
-# e4m3's rounding of P.
-EXP2_C1 = gl.constexpr(0.6932829)
-EXP2_C2 = gl.constexpr(0.24221037)
-EXP2_C3 = gl.constexpr(0.05500858)
-ROUNDING_MAGIC = gl.constexpr(12582912.0)   # 1.5 * 2^23: x + it rounds x to an integer
-
-
-@gluon.jit
-def exp2_on_fma(x):
-    """2^x for x < 128 (-inf included: +0) on the FMA and integer pipes, none of it on the
-    special-function unit: x = j + f with j = rint(x), 2^f from a cubic, j added to the
-    exponent field. Below -127 the result is 0 (softmax weights that small vanish anyway)."""
-    x = gl.maximum(x, -127.0)
-    rounded = x + ROUNDING_MAGIC
-    # rounded's low mantissa bits hold j (two's complement); shifted into the exponent field,
-    # the magic's own bits fall off the top.
-    exponent = rounded.to(gl.int32, bitcast=True) << 23
-    f = x - (rounded - ROUNDING_MAGIC)
-    poly = 1.0 + f * (EXP2_C1 + f * (EXP2_C2 + f * EXP2_C3))
-    return (poly.to(gl.int32, bitcast=True) + exponent).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def exp2_shared(x, ON_FMA: gl.constexpr):
-    """2^x of a 2-D tensor, x < 128; ON_FMA: every other column (the second of each pair a
-    thread holds in wgmma's accumulator) on the FMA pipe (exp2_on_fma), the rest on the
-    special-function unit, which the softmax otherwise saturates before the tensor cores
-    where the scores per tensor-core cycle are many: FP8, D=64, softcap's tanh
-    (FlashAttention-4's split)."""
-    if ON_FMA:
-        M: gl.constexpr = x.shape[0]
-        N: gl.constexpr = x.shape[1]
-        unit, fma = gl.split(gl.reshape(x, [M, N // 2, 2]))
-        both = gl.join(gl.exp2(unit), exp2_on_fma(fma))
-        y = gl.convert_layout(gl.reshape(both, [M, N]), x.type.layout)
-    else:
-        y = gl.exp2(x)
-    return y
-
-
 @gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
-                   P_OFFSET: gl.constexpr = 0.0, EXP2_ON_FMA: gl.constexpr = False):
+                   P_OFFSET: gl.constexpr = 0.0):
     """One block of the online softmax in base 2, on scores s whose invisible entries the
     caller has set to -inf (only when MASKED): returns (p, alpha, m_new, l_new). With
     row_offset (a row vector), row r's scores are s * qk_scale + row_offset[r]. P_OFFSET
-    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step).
-    EXP2_ON_FMA: half of p's exponentials on the FMA pipe (exp2_shared)."""
+    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step)."""
     row_max = gl.max(s, 1) * qk_scale
     if row_offset is not None:
         row_max = row_max + row_offset
@@ -127,7 +84,7 @@ def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
         shift = m_safe - row_offset
     if P_OFFSET != 0.0:
         shift = shift - P_OFFSET
-    p = exp2_shared(s * qk_scale - gl.expand_dims(shift, 1), EXP2_ON_FMA)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
     alpha = gl.exp2(m_i - m_safe)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new

@@ -66,9 +66,6 @@ class Sm90Config:
     # The two consumer warpgroups as separate partitions taking turns at the tensor cores
     # (FA3's ping-pong) rather than one 8-warp partition that Triton keeps in lockstep.
     split: bool = False
-    # Half of P's exponentials on the FMA pipe (gluon_common.exp2_shared); None: exp2_on_fma's
-    # rule.
-    exp2_on_fma: bool | None = None
 
     @property
     def num_warps(self) -> int:
@@ -97,12 +94,6 @@ FP8_CONFIGS: dict[int, Sm90Config] = {
     128: Sm90Config(128, 2, split=True),
     256: Sm90Config(128, 2, split=True),
 }
-
-
-def exp2_on_fma(config: Sm90Config, fp8: bool, softcap: bool) -> bool:
-    """Whether half of P's exponentials leave the special-function unit for the FMA pipe: the
-    config's choice, else where that unit bounds the softmax (unmeasured: off)."""
-    return bool(config.exp2_on_fma)
 
 
 def config_for(head_dim: int, head_dim_v: int, fp8: bool = False) -> Sm90Config:
@@ -174,7 +165,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr, EXP2_ON_FMA: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -215,7 +206,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
                       tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
                       cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
-                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN, EXP2_ON_FMA)
+                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE, WIDE_STORE)
     descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
@@ -380,7 +371,6 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped,
-        EXP2_ON_FMA=exp2_on_fma(config, q.element_size() == 1, softcap > 0),
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

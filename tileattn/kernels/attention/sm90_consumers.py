@@ -375,7 +375,7 @@ class Consumer:
                                      kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
-                              row_offset, P_OFFSET if self.FP8 else 0.0, problem.EXP2_ON_FMA)
+                              row_offset, P_OFFSET if self.FP8 else 0.0)
 
     @gluon.jit
     def linear_columns(self, tile, mod_args):
