@@ -65,19 +65,11 @@ def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
 
 @gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
-                   P_OFFSET: gl.constexpr = 0.0, FIXED_SHIFT: gl.constexpr = False):
+                   P_OFFSET: gl.constexpr = 0.0):
     """One block of the online softmax in base 2, on scores s whose invisible entries the
     caller has set to -inf (only when MASKED): returns (p, alpha, m_new, l_new). With
     row_offset (a row vector), row r's scores are s * qk_scale + row_offset[r]. P_OFFSET
-    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step).
-    FIXED_SHIFT: m_i is a shift the caller fixed for the whole row, under which every p stays
-    in range (scores bounded by a softcap); no running max, alpha 1 (the caller skips it)."""
-    if FIXED_SHIFT:
-        x = s * qk_scale
-        if row_offset is not None:
-            x = x + gl.expand_dims(row_offset, 1)
-        p = gl.exp2(x - gl.expand_dims(m_i, 1))
-        return p, gl.full_like(l_i, 1.0), m_i, l_i + gl.sum(p, 1)
+    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step)."""
     row_max = gl.max(s, 1) * qk_scale
     if row_offset is not None:
         row_max = row_max + row_offset

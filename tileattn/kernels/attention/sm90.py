@@ -96,20 +96,6 @@ FP8_CONFIGS: dict[int, Sm90Config] = {
 }
 
 
-# The largest softcap·log2(e) whose scores take a fixed softmax shift (Problem.softmax_shift):
-# softcaps up to 55, Gemma-2's 50 and Grok's 30 among them.
-FIXED_SHIFT_MAX_CAP_LOG2 = 80.0
-
-
-def fixed_softmax_shift(dtype: torch.dtype, softcap: float, score_mod) -> bool:
-    """Whether the softmax may subtract a fixed shift instead of a running row max: the softcap
-    bounds every score (no score hook adds to it) and P is bf16, whose exponent range is
-    fp32's (fp16 or e4m3 P would flush the small weights of a row far below the cap). It saves
-    the row max and O's rescaling per key block, which the softcap's tanh costs back."""
-    return (dtype == torch.bfloat16 and score_mod is None
-            and 0 < softcap * LOG2_E <= FIXED_SHIFT_MAX_CAP_LOG2)
-
-
 def config_for(head_dim: int, head_dim_v: int, fp8: bool = False) -> Sm90Config:
     """The CONFIGS (FP8_CONFIGS) row for these head dims: the one of the larger padded dim (a
     row fits its dim for Q, K and V alike, so it fits any pair no wider)."""
@@ -179,7 +165,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr, FIXED_SHIFT: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -220,7 +206,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
                       tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
                       cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
-                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN, FIXED_SHIFT)
+                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE, WIDE_STORE)
     descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
@@ -385,7 +371,6 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped,
-        FIXED_SHIFT=fixed_softmax_shift(q.dtype, softcap, score_mod),
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

@@ -375,7 +375,7 @@ class Consumer:
                                      kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
-                              row_offset, P_OFFSET if self.FP8 else 0.0, problem.FIXED_SHIFT)
+                              row_offset, P_OFFSET if self.FP8 else 0.0)
 
     @gluon.jit
     def linear_columns(self, tile, mod_args):
@@ -473,9 +473,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
                                                    MASK_HOOK)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         rings.release(rings.v_empty.index(prev_stage))
-        if not problem.FIXED_SHIFT:
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)),
-                                       1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
         p = wg.carried_p(p_f32)
         prev_stage = stage
         prev_phase = phase
@@ -648,11 +646,8 @@ def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.cons
         if problem.runs(tile):
             rows = (tile.m_block * problem.BLOCK_M + HALF * wg.ROWS
                     + gl.arange(0, wg.ROWS, layout=wg.row_layout))
+            m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
             l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
-            if problem.FIXED_SHIFT:
-                m_i = l_i + problem.softmax_shift()
-            else:
-                m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
             acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
             scales = TileScales(1.0, 1.0, None, 0, False)
             if wg.FP8:

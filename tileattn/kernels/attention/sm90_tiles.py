@@ -38,9 +38,7 @@ class Problem:
     (masks.py's rule): tiles visit only the key blocks of their window. With KV_BLOCK > 0 the
     tiles visit block lists (module docstring; tile_lists, kv_index_ptr, full_index_ptr).
     SCORE_MOD / MASK_MOD: docs/design.md's hooks ("Mods"), or None; SCORE_LINEAR: SCORE_MOD is
-    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py).
-    FIXED_SHIFT (SOFTCAP only): the softmax subtracts softmax_shift() from every score instead
-    of a running row max (softmax_shift says why that is safe)."""
+    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py)."""
     tile_ids_ptr: Scalar
     tile_starts_ptr: Scalar
     num_m_blocks: Scalar
@@ -68,7 +66,6 @@ class Problem:
     SCORE_LINEAR: gl.constexpr
     MASK_MOD: gl.constexpr
     VARLEN: gl.constexpr
-    FIXED_SHIFT: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
@@ -76,7 +73,7 @@ class Problem:
                  kv_index_ptr, full_index_ptr, tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                  BLOCK_M,
                  BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD,
-                 SCORE_LINEAR, MASK_MOD, VARLEN, FIXED_SHIFT):
+                 SCORE_LINEAR, MASK_MOD, VARLEN):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -104,16 +101,6 @@ class Problem:
         self.SCORE_LINEAR = gl.constexpr(SCORE_LINEAR)
         self.MASK_MOD = gl.constexpr(MASK_MOD)
         self.VARLEN = gl.constexpr(VARLEN)
-        self.FIXED_SHIFT = gl.constexpr(FIXED_SHIFT)
-
-    @gluon.jit
-    def softmax_shift(self):
-        """With FIXED_SHIFT: the shift c' = min(c, 126 - c) for c = softmax_scale_log2 = cap·log2(e).
-        Capped scores span [-c, c] in base 2, so p = 2^(score - c') spans [2^-126, 2^(2c - 126)]
-        at most: never flushed to zero, never past 2^34 for c <= 80 (the launcher's bound), and
-        no row's sum or output overflows fp32 (bf16 P has fp32's exponent range)."""
-        c = self.softmax_scale_log2
-        return gl.minimum(c, 126.0 - c)
 
     @gluon.jit
     def tile_range(self):
