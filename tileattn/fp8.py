@@ -307,7 +307,15 @@ def _quantize(x, *, dtype, per, kernels, block_rows=SCALE_BLOCK, smooth=False, r
                           mean, row_dot)
     config = quantize.config_for(arch_of(device), head_dim) if kernels else None
     flags, mean, tile_amax = [], None, None
-    if smooth or not own_amax:
+    if own_amax and smooth:
+        # The tiles take their own abs-max (and flag NaN/Inf), so only the mean is needed
+        # first: torch's reduction over tokens, which streams x faster than the statistics
+        # kernel's column reductions; the mean of the rotated rows is the rotated mean.
+        mean = torch.sum(x, dim=1, dtype=torch.float32).double() / seqlen
+        if rotation is not None:
+            mean = mean @ _signed_hadamard(head_dim).to(device)
+        mean = mean.to(torch.float32)
+    elif smooth or not own_amax:
         tile_amax, column_stats = _tile_stats(x, rotation, smooth, config)
         flags.append(tile_amax)
         if smooth:
