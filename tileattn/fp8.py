@@ -312,8 +312,8 @@ def _quantize(x, *, dtype, per, kernels, block_rows=SCALE_BLOCK, smooth=False, r
         # first: torch's reduction over tokens, which streams x faster than the statistics
         # kernel's column reductions; the mean of the rotated rows is the rotated mean.
         mean = torch.sum(x, dim=1, dtype=torch.float32).double() / seqlen
-        if rotation is not None:
-            mean = mean @ _signed_hadamard(head_dim).to(device)
+        if rotation is not None:     # the ±1 operand, exact in any dtype (cached on device)
+            mean = mean @ rotation[:head_dim, :head_dim].double()
         mean = mean.to(torch.float32)
     elif smooth or not own_amax:
         tile_amax, column_stats = _tile_stats(x, rotation, smooth, config)
