@@ -310,8 +310,18 @@ class Consumer:
         return p
 
     @gluon.jit
+    def mask_verdict(self, rows, tile, key_start, mod_args):
+        """MASK_MOD's verdict on the block of keys [key_start, key_start + BLOCK_N), computed
+        before its scores are waited for, so that the hook's loads overlap the wgmma."""
+        problem = self.problem
+        cols = key_start + gl.arange(0, problem.BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
+        return problem.MASK_MOD(tile.batch, tile.head, gl.expand_dims(rows, 1),
+                                gl.expand_dims(cols, 0), tile.seqlen_k - tile.seqlen_q, mod_args)
+
+    @gluon.jit
     def softmax_update(self, s, m_i, l_i, rows, tile, key_start, scales, mod_args,
-                       score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
+                       score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr,
+                       keep=None):
         """Online softmax of the score block of keys [key_start, key_start + BLOCK_N):
         (p, alpha, m_new, l_new). MASKED applies the sequence end, causal and the window,
         MASK_HOOK also MASK_MOD; SCORE_MOD applies to every block (with SCORE_LINEAR as
@@ -370,9 +380,10 @@ class Consumer:
             if problem.CAUSAL or problem.HAS_LEFT or not MASK_HOOK:
                 s = gl.where(visible, s, float("-inf"))
             if MASK_HOOK:
-                s = _keep_or_neg_inf(s, problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
-                                                         causal_shift, mod_args),
-                                     kv_idx, tile.seqlen_k)
+                if keep is None:
+                    keep = problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx, causal_shift,
+                                            mod_args)
+                s = _keep_or_neg_inf(s, keep, kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
                               row_offset, P_OFFSET if self.FP8 else 0.0)
@@ -465,12 +476,15 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
         s = warpgroup_mma(wg.q_op, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, rings.v_operand(prev_stage), acc, is_async=True)
         wg.pass_turn()
+        keep = None
+        if MASK_HOOK and problem.EARLY_VERDICT:
+            keep = wg.mask_verdict(rows, tile, key_start, mod_args)
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))
         rings.release(rings.k_empty.index(stage))
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
                                                    scales, mod_args, score_columns, MASKED,
-                                                   MASK_HOOK)
+                                                   MASK_HOOK, keep)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         rings.release(rings.v_empty.index(prev_stage))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
