@@ -96,11 +96,6 @@ FP8_CONFIGS: dict[int, Sm90Config] = {
 }
 
 
-# A mask hook's verdict computed before the block's scores are waited for, so that its loads
-# overlap the wgmma (Consumer.mask_verdict): an A/B option.
-EARLY_MASK_VERDICT = True
-
-
 def config_for(head_dim: int, head_dim_v: int, fp8: bool = False) -> Sm90Config:
     """The CONFIGS (FP8_CONFIGS) row for these head dims: the one of the larger padded dim (a
     row fits its dim for Q, K and V alike, so it fits any pair no wider)."""
@@ -170,7 +165,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr, EARLY_VERDICT: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -211,7 +206,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
                       tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
                       cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
-                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN, EARLY_VERDICT)
+                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
                     RETURN_LSE, WIDE_STORE)
     descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
@@ -375,7 +370,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
-        V_KEYS_GROUPED=v_keys_grouped, EARLY_VERDICT=EARLY_MASK_VERDICT,
+        V_KEYS_GROUPED=v_keys_grouped,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

@@ -476,8 +476,9 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
         s = warpgroup_mma(wg.q_op, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, rings.v_operand(prev_stage), acc, is_async=True)
         wg.pass_turn()
+        # The mask hook's verdict before S is waited for: its loads overlap the wgmma.
         keep = None
-        if MASK_HOOK and problem.EARLY_VERDICT:
+        if MASK_HOOK:
             keep = wg.mask_verdict(rows, tile, key_start, mod_args)
         # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
         s = warpgroup_mma_wait(1, deps=(s,))

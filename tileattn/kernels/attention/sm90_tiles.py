@@ -38,8 +38,7 @@ class Problem:
     (masks.py's rule): tiles visit only the key blocks of their window. With KV_BLOCK > 0 the
     tiles visit block lists (module docstring; tile_lists, kv_index_ptr, full_index_ptr).
     SCORE_MOD / MASK_MOD: docs/design.md's hooks ("Mods"), or None; SCORE_LINEAR: SCORE_MOD is
-    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py).
-    EARLY_VERDICT: MASK_MOD runs before the block's scores are waited for (Consumer.mask_verdict)."""
+    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py)."""
     tile_ids_ptr: Scalar
     tile_starts_ptr: Scalar
     num_m_blocks: Scalar
@@ -67,7 +66,6 @@ class Problem:
     SCORE_LINEAR: gl.constexpr
     MASK_MOD: gl.constexpr
     VARLEN: gl.constexpr
-    EARLY_VERDICT: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
@@ -75,7 +73,7 @@ class Problem:
                  kv_index_ptr, full_index_ptr, tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                  BLOCK_M,
                  BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD,
-                 SCORE_LINEAR, MASK_MOD, VARLEN, EARLY_VERDICT):
+                 SCORE_LINEAR, MASK_MOD, VARLEN):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -103,7 +101,6 @@ class Problem:
         self.SCORE_LINEAR = gl.constexpr(SCORE_LINEAR)
         self.MASK_MOD = gl.constexpr(MASK_MOD)
         self.VARLEN = gl.constexpr(VARLEN)
-        self.EARLY_VERDICT = gl.constexpr(EARLY_VERDICT)
 
     @gluon.jit
     def tile_range(self):
