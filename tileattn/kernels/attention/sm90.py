@@ -13,7 +13,7 @@ tile is BLOCK_M (128) queries of one (batch, query head). Each program is two pa
     keeps in lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
 P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
 layout and fed to the second GEMM directly; the key loop carries P_j into the iteration that
-issues its P V (FP8: as fp32, packed there).
+issues its P V (Consumer.carried_p).
 
 16-bit inputs with V row-major, or FP8 (e4m3, e5m2) with V K-major (8-bit wgmma reads its B
 operand K-major only), descales per tensor or head, P in e4m3 offset by 2^8 (the portable

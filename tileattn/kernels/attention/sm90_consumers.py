@@ -292,22 +292,38 @@ class Consumer:
 
     @gluon.jit
     def carried_p(self, p_f32):
-        """What the key loop carries of a block's P into the step that issues its P V: the
-        16-bit operand, or FP8's fp32 P, packed in that step (pv_operand): a loop-carried
-        8-bit tensor is one register a byte, split and repacked every step
-        (docs/design.md, "Hopper forward kernel")."""
-        if self.FP8:
-            p = p_f32
-        else:
-            p = self.p_operand(p_f32)
+        """What the key loop carries of a block's P into the step that issues its P V
+        (pv_operand): FP8's fp32 P (a loop-carried 8-bit tensor is one register a byte, unpacked
+        and repacked every step), or 16-bit P packed in pairs as int32 (a loop-carried 16-bit
+        tensor costs a half-swapping PRMT a register every step)."""
+        p = p_f32
+        if not self.FP8:
+            # Adjacent key columns share a thread in the accumulator layout.
+            lo, hi = p_f32.reshape([self.ROWS, self.problem.BLOCK_N // 2, 2]).split()
+            pack: gl.constexpr = ("cvt.rn.bf16x2.f32 $0, $2, $1;" if self.P_DTYPE == gl.bfloat16
+                                  else "cvt.rn.f16x2.f32 $0, $2, $1;")
+            p = gl.inline_asm_elementwise(pack, "=r,f,f", [lo, hi], dtype=gl.int32,
+                                          is_pure=True, pack=1)
         return p
 
     @gluon.jit
     def pv_operand(self, p):
         """The A operand of P V from what the key loop carried (carried_p)."""
         if self.FP8:
-            p = self.p_operand(p)
-        return p
+            op = self.p_operand(p)
+        else:
+            # The dtype pair is spelled out: a tuple of constexprs does not lower (Triton 3.6).
+            if self.P_DTYPE == gl.bfloat16:
+                lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
+                                                   dtype=(gl.bfloat16, gl.bfloat16),
+                                                   is_pure=True, pack=1)
+            else:
+                lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
+                                                   dtype=(gl.float16, gl.float16),
+                                                   is_pure=True, pack=1)
+            op = gl.convert_layout(gl.join(lo, hi).reshape([self.ROWS, self.problem.BLOCK_N]),
+                                   self.p_layout)
+        return op
 
     @gluon.jit
     def mask_verdict(self, rows, tile, key_start, mod_args):
@@ -426,9 +442,10 @@ def _keep_or_neg_inf(s, keep, kv_idx, seqlen_k):
 
 @aggregate
 class KeyLoop:
-    """What the key loop carries between blocks of a tile: O, P of the previous block (its P V
-    not issued yet; Consumer.carried_p), the softmax statistics, and the ring and turn positions (kv_count counts
-    K/V tiles consumed by this program; stage and phase are the previous block's)."""
+    """What the key loop carries between blocks of a tile: O, the previous block's P (its P V not
+    issued yet; Consumer.carried_p), the softmax statistics, and the ring and turn positions
+    (kv_count counts K/V tiles consumed by this program; stage and phase are the previous
+    block's)."""
     acc: gl.tensor
     p: gl.tensor
     m_i: gl.tensor
