@@ -17,8 +17,8 @@ AUTO = dispatch.Settings()
 
 
 def inputs(dtype=torch.bfloat16, head_dim=128, seqlen=4096, heads=32, head_dim_v=None):
-    """Uninitialised: the rules read no values. B=1 H=32 N=4096 D=128 is 4x SM90_MIN_WORK
-    (2x under a causal mask)."""
+    """Uninitialised: the rules read no values. B=1 H=32 N=4096 D=128 is 2^36 of work (2^35
+    under a causal mask)."""
     q, k = (torch.empty(1, seqlen, heads, head_dim, dtype=dtype) for _ in range(2))
     v = torch.empty(1, seqlen, heads, head_dim_v or head_dim, dtype=dtype)
     return q, k, v
@@ -38,21 +38,28 @@ def test_hopper_kernel_where_it_measured_faster(dtype, dims, causal):
 
 
 def test_short_contexts_stay_portable_where_the_launch_outlasts_the_kernel():
-    # B=4 H=32 N=1024: 2^34 of work at D=128, halved under a causal mask.
-    q, k, v = (torch.empty(4, 1024, 32, 128, dtype=torch.bfloat16) for _ in range(3))
-    assert kernel(SM90, q, k, v, False) == "sm90"
-    assert kernel(SM90, q, k, v, True) == "portable"
-    q, k, v = (torch.empty(4, 1024, 32, 256, dtype=torch.bfloat16) for _ in range(3))
-    assert kernel(SM90, q, k, v, True) == "sm90"
+    def work(batch, seqlen, heads, head_dim):
+        return (torch.empty(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
+                for _ in range(3))
+    # D=128: from 2^29 of work (B=1 H=32 N=512, causal); B=1 H=8 N=256 is 2^26.
+    assert kernel(SM90, *work(1, 512, 32, 128), True) == "sm90"
+    assert kernel(SM90, *work(4, 1024, 32, 128), True) == "sm90"
+    assert kernel(SM90, *work(1, 256, 8, 128), False) == "portable"
+    assert kernel(SM90, *work(1, 256, 32, 128), True) == "portable"      # 2^28
+    # D=64: from 2^32 (B=4 H=32 N=1024 causal); B=1 H=32 N=1024 causal is 2^30.
+    assert kernel(SM90, *work(4, 1024, 32, 64), True) == "sm90"
+    assert kernel(SM90, *work(4, 4096, 32, 64), False) == "sm90"
+    assert kernel(SM90, *work(1, 1024, 32, 64), True) == "portable"
+    assert kernel(SM90, *work(1, 1024, 32, 64), False) == "portable"     # 2^31
 
 
 @pytest.mark.parametrize("case", ["fp8", "d64", "short", "short-causal", "sm80", "sm89",
                                   "sm100", "misaligned", "k-major-v"])
 def test_portable_kernel_elsewhere(case):
     arch = {"sm80": SM80, "sm89": SM89, "sm100": SM100}.get(case, SM90)
-    short = case.startswith("short") or case == "fp8"
+    short = case.startswith("short") or case in ("fp8", "d64")
     q, k, v = inputs(torch.float8_e4m3fn if case == "fp8" else torch.bfloat16,
-                     64 if case == "d64" else 128, 2048 if short else 4096,
+                     64 if case == "d64" else 128, 256 if short else 4096,
                      heads=8 if short else 32)
     if case in ("fp8", "k-major-v"):
         v = prepare_v(v)

@@ -139,8 +139,9 @@ def _info(args) -> None:
     print("forward attention:")
     if arch.has_wgmma:
         from tileattn.kernels.attention import sm90
-        print(f"  Hopper Gluon kernel for fp16/bf16 with head dim != 64 and "
-              f"batch*heads*Sq*Sk*D >= 2^{dispatch.SM90_MIN_WORK.bit_length() - 1} (halved when "
+        print(f"  Hopper Gluon kernel for fp16/bf16 with batch*heads*Sq*Sk*D >= "
+              f"2^{dispatch.SM90_MIN_WORK.bit_length() - 1} (head dim 64: "
+              f"2^{dispatch.SM90_MIN_WORK_D64.bit_length() - 1}; halved when "
               f"causal) where TMA can address the strides; configs by padded head dim: "
               f"{ {d: sm90.CONFIGS[d] for d in (64, 128, 256)} }")
         print("  portable Triton kernel otherwise:")

@@ -72,9 +72,11 @@ def use_kernels(*, attention: str | None = None, mla: str | None = None):
 # ---- forward attention -----------------------------------------------------------------------
 
 # Smallest batch·q_heads·seqlen_q·seqlen_k·head_dim (halved under a causal mask) for which the
-# Hopper kernel beats the portable one: below it, the persistent kernel's launch costs more
-# than its faster tiles save (docs/design.md, "Kernel choice").
-SM90_MIN_WORK = 1 << 34
+# 16-bit Hopper kernel beats the portable one: below it, the persistent kernel's launch costs
+# more than its faster tiles save. At head dim 64 the two tie without a mask and the portable
+# one wins short causal calls (docs/design.md, "Kernel choice").
+SM90_MIN_WORK = 1 << 29
+SM90_MIN_WORK_D64 = 1 << 32
 # FP8 on the Hopper kernel: it lost to the portable one at 2^34 (D=128 N=1024) and won from
 # 2^38 (N=4096) on (docs/design.md, "Kernel choice").
 SM90_MIN_WORK_FP8 = 1 << 36
@@ -84,7 +86,7 @@ def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                      causal: bool, settings: Settings) -> str:
     """The forward kernel for checked inputs (v already in the layout the call will pass):
     "sm90" (the Gluon Hopper kernel) where the chip has wgmma, the kernel measured faster (16-bit
-    and FP8 inputs except D = 64, with enough work) or is forced, and it supports the inputs
+    inputs with enough work, FP8 ones except D = 64) or is forced, and it supports the inputs
     (FP8: v as the call will pass it, K-major);
     "portable" otherwise. Asked only for calls the Hopper kernel can mask: softcap, ALiBi,
     windows whose right bound is causal's or none (ops/attention.py)."""
@@ -122,7 +124,7 @@ def varlen_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     total_q, num_q_heads, head_dim = q.shape
     work = total_q * num_q_heads * max_seqlen_k * head_dim // (2 if causal else 1)
     if settings.attention == "auto" and not (q.dtype in (torch.float16, torch.bfloat16)
-                                             and head_dim != 64 and work >= SM90_MIN_WORK):
+                                             and work >= sm90_min_work(head_dim)):
         return "portable"
     from .kernels.attention import sm90
     return "sm90" if sm90.supports_packed(q, k, v) else "portable"
@@ -133,7 +135,12 @@ def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
     if q.dtype in FP8_DTYPES:
         return head_dim != 64 and work >= SM90_MIN_WORK_FP8
-    return q.dtype in (torch.float16, torch.bfloat16) and head_dim != 64 and work >= SM90_MIN_WORK
+    return q.dtype in (torch.float16, torch.bfloat16) and work >= sm90_min_work(head_dim)
+
+
+def sm90_min_work(head_dim: int) -> int:
+    """SM90_MIN_WORK for 16-bit inputs of this head dim."""
+    return SM90_MIN_WORK_D64 if head_dim == 64 else SM90_MIN_WORK
 
 
 # ---- backward ---------------------------------------------------------------------------------
