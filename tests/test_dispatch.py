@@ -53,6 +53,24 @@ def test_short_contexts_stay_portable_where_the_launch_outlasts_the_kernel():
     assert kernel(SM90, *work(1, 1024, 32, 64), False) == "portable"     # 2^31
 
 
+def test_fewer_queries_than_a_hopper_tile_keep_the_earlier_rule():
+    """seqlen_q < 128: the Hopper kernel computes a whole 128-row tile anyway; from 2^34 of
+    work as before, never at D=64."""
+    def work(batch, seqlen_q, seqlen_k, head_dim):   # meta tensors: shapes without memory
+        q = torch.empty(batch, seqlen_q, 32, head_dim, dtype=torch.bfloat16, device="meta")
+        k = v = torch.empty(batch, seqlen_k, 32, head_dim, dtype=torch.bfloat16, device="meta")
+        return q, k, v
+    assert kernel(SM90, *work(64, 1, 32768, 128), False) == "portable"    # 2^33
+    assert kernel(SM90, *work(128, 1, 32768, 128), False) == "sm90"       # 2^34
+    assert kernel(SM90, *work(128, 64, 32768, 64), False) == "portable"
+    assert kernel(SM90, *work(1, 128, 32768, 128), False) == "sm90"       # 2^31, a whole tile
+    packed = torch.empty(512, 32, 128, dtype=torch.bfloat16)   # 512 queries x 4096 keys: 2^33
+    assert dispatch.varlen_kernel(SM90, packed, packed, packed, 16, 4096, False,
+                                  AUTO) == "portable"
+    assert dispatch.varlen_kernel(SM90, packed, packed, packed, 512, 4096, False,
+                                  AUTO) == "sm90"
+
+
 @pytest.mark.parametrize("case", ["fp8", "d64", "short", "short-causal", "sm80", "sm89",
                                   "sm100", "misaligned", "k-major-v"])
 def test_portable_kernel_elsewhere(case):

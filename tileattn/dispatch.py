@@ -77,6 +77,10 @@ def use_kernels(*, attention: str | None = None, mla: str | None = None):
 # one wins short causal calls (docs/design.md, "Kernel choice").
 SM90_MIN_WORK = 1 << 29
 SM90_MIN_WORK_D64 = 1 << 32
+# Those measurements had seqlen_q >= 512. Fewer queries than one Hopper tile (128 rows, all
+# computed) keep the earlier rule, 2^34 and never at D=64, which no measurement overturned.
+SM90_TILE_QUERIES = 128
+SM90_MIN_WORK_FEW_QUERIES = 1 << 34
 # FP8 on the Hopper kernel: it lost to the portable one at 2^34 (D=128 N=1024) and won from
 # 2^38 (N=4096) on (docs/design.md, "Kernel choice").
 SM90_MIN_WORK_FP8 = 1 << 36
@@ -115,7 +119,7 @@ def flex_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def varlen_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  max_seqlen_k: int, causal: bool, settings: Settings) -> str:
+                  max_seqlen_q: int, max_seqlen_k: int, causal: bool, settings: Settings) -> str:
     """The kernel of an attention_varlen prefill (packed q [total_q, Hq, D], k/v [total_k,
     Hkv, D]; no block table, a right window bound causal's or none): attention_kernel's rule,
     with the work of total_q queries against the longest sequence's keys."""
@@ -124,7 +128,7 @@ def varlen_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     total_q, num_q_heads, head_dim = q.shape
     work = total_q * num_q_heads * max_seqlen_k * head_dim // (2 if causal else 1)
     if settings.attention == "auto" and not (q.dtype in (torch.float16, torch.bfloat16)
-                                             and work >= sm90_min_work(head_dim)):
+                                             and _sm90_wins_16bit(head_dim, max_seqlen_q, work)):
         return "portable"
     from .kernels.attention import sm90
     return "sm90" if sm90.supports_packed(q, k, v) else "portable"
@@ -135,12 +139,16 @@ def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
     if q.dtype in FP8_DTYPES:
         return head_dim != 64 and work >= SM90_MIN_WORK_FP8
-    return q.dtype in (torch.float16, torch.bfloat16) and work >= sm90_min_work(head_dim)
+    return (q.dtype in (torch.float16, torch.bfloat16)
+            and _sm90_wins_16bit(head_dim, seqlen_q, work))
 
 
-def sm90_min_work(head_dim: int) -> int:
-    """SM90_MIN_WORK for 16-bit inputs of this head dim."""
-    return SM90_MIN_WORK_D64 if head_dim == 64 else SM90_MIN_WORK
+def _sm90_wins_16bit(head_dim: int, seqlen_q: int, work: int) -> bool:
+    """The 16-bit rule: SM90_MIN_WORK (SM90_MIN_WORK_D64 at head dim 64); for fewer queries
+    than a tile, SM90_MIN_WORK_FEW_QUERIES and never at head dim 64."""
+    if seqlen_q < SM90_TILE_QUERIES:
+        return head_dim != 64 and work >= SM90_MIN_WORK_FEW_QUERIES
+    return work >= (SM90_MIN_WORK_D64 if head_dim == 64 else SM90_MIN_WORK)
 
 
 # ---- backward ---------------------------------------------------------------------------------

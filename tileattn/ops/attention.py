@@ -260,7 +260,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                               block_table=block_table, v_aligned_starts=aligned_v)
     # The Hopper kernel: no paging yet, right window bound causal's or none.
     hopper = (block_table is None and (causal or window[1] == -1)
-              and dispatch.varlen_kernel(arch, q, k, v, max_k, causal,
+              and dispatch.varlen_kernel(arch, q, k, v, max_q, max_k, causal,
                                          dispatch.current()) == "sm90")
     with on_device(device):
         if hopper:
