@@ -295,7 +295,8 @@ class Consumer:
         """What the key loop carries of a block's P into the step that issues its P V
         (pv_operand): FP8's fp32 P (a loop-carried 8-bit tensor is one register a byte, unpacked
         and repacked every step), or 16-bit P packed in pairs as int32 (a loop-carried 16-bit
-        tensor costs a half-swapping PRMT a register every step)."""
+        tensor costs a half-swapping PRMT a register every step; docs/design.md, "FP8 and V
+        layout")."""
         p = p_f32
         if not self.FP8:
             # Adjacent key columns share a thread in the accumulator layout.
