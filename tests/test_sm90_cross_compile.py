@@ -35,6 +35,10 @@ def key_loops(sass):
     bodies = ["\n".join(t for x, t in lines if a <= x <= b) for a, b in inner]
     return [body for body in bodies if "GMMA" in body]
 
+def local_in_key_loops(sass):
+    """Local-memory loads and stores (spills) inside the key loops."""
+    return sum(len(re.findall(r"\b(?:LDL|STL)\b", body)) for body in key_loops(sass))
+
 def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones=False,
                  softcap=0.0, window_left=-1, grouped=False, block_descales=False):
     """grouped (FP8): V in grouped key order (layout.py), else natural order; block_descales
@@ -76,8 +80,7 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
             "hgmma": sass.count("GMMA"), "tma": ptx.count("cp.async.bulk.tensor"),
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "local": len(re.findall(r"\b(LDL|STL)\b", sass)),
-            "local_in_key_loops": sum(len(re.findall(r"\b(?:LDL|STL)\b", body))
-                                      for body in key_loops(sass)),
+            "local_in_key_loops": local_in_key_loops(sass),
             "st_shared_in_loop": sum(len(re.findall(r"\bSTS", body))
                                      for body in key_loops(sass)),
             "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+, (\d+)", ptx))),
@@ -157,8 +160,7 @@ def compile_flex(head_dim, score, masked, block_size=(128, 128)):
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
             "hgmma": sass.count("HGMMA"), "tma": ptx.count("cp.async.bulk.tensor"),
             "key_loops": len(key_loops(sass)),
-            "local_in_key_loops": sum(len(re.findall(r"\b(?:LDL|STL)\b", body))
-                                      for body in key_loops(sass))}
+            "local_in_key_loops": local_in_key_loops(sass)}
 
 def compile_varlen(head_dim, causal):
     """attention_varlen's launch: packed sequences of unequal lengths."""
@@ -178,8 +180,7 @@ def compile_varlen(head_dim, causal):
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
             "tma": ptx.count("cp.async.bulk.tensor"),
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
-            "local_in_key_loops": sum(len(re.findall(r"\b(?:LDL|STL)\b", body))
-                                      for body in key_loops(sass))}
+            "local_in_key_loops": local_in_key_loops(sass)}
 
 varlen = {f"D{d}-{label(causal)}": compile_varlen(d, causal)
           for d, causal in ((128, True), (128, False), (256, True))}
