@@ -7,6 +7,8 @@ Odd lengths, GQA, Dv != D, causal or not, LSE on, for:
 - attention_varlen over packed and paged K/V (page sizes 1, 7 and 16, shuffled pages, garbage
   ids in unused table slots, empty sequences) and the split-KV paged decode, with a plan;
 - the backward kernels (GQA, Dv != D, causal, deterministic dq, varlen, masks);
+- on sm90, the Gluon kernels forced on odd shapes (hopper_cases): FP8 and 16-bit forward with
+  every mask, packed varlen, the fused and split backward;
 - flex_attention with a document block mask and a score_mod, bf16 and FP8;
 - MLA decode with mixed lengths (1, 70, 300 / 2, 70, 700 keys, so that partial tiles, split
   sequences and the combine all run) on the Triton kernel (pages of 16, bf16 and e4m3 caches,
@@ -51,6 +53,53 @@ def attention_cases() -> None:
             with tileattn.use_kernels(attention="sm90"):
                 for causal in (False, True):
                     tileattn.attention(q, k, k, causal=causal, return_lse=True)
+
+
+def hopper_cases() -> None:
+    """sm90: the Gluon kernels that the dispatch keeps for longer calls, forced on odd shapes:
+    the FP8 forward (V's grouped K-major copy, per-tensor and block descales), the 16-bit one
+    with every mask and Dv != D, packed varlen (its work-list kernels too), and the backward's
+    fused kernel (dense and packed), its dK/dV and dQ kernels (deterministic) and D=256's dQ."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return
+    masks = dict(window_size=(50, 0), softcap=20.0, alibi_slopes=torch.rand(4, device="cuda"))
+    with tileattn.use_kernels(attention="sm90"):
+        for dim in (64, 128, 256):
+            q = torch.randn(2, 333, 4, dim, device="cuda")
+            k, v = (torch.randn(2, 517, 2, dim, device="cuda") for _ in range(2))
+            (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x, torch.float8_e4m3fn)
+                                            for x in (q, k, v))
+            per_tensor = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+            for causal in (False, True):
+                tileattn.attention(q8, k8, v8, causal=causal, return_lse=True, **per_tensor)
+            tileattn.attention(q8, k8, v8, causal=True, **masks, **per_tensor)
+            q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, per="block")
+            tileattn.attention(q8, k8, v8, causal=True, return_lse=True, **scales)
+            qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+            tileattn.attention(qb, kb, vb, causal=True, return_lse=True, **masks)
+        q = torch.randn(2, 333, 4, 192, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 517, 2, 192, device="cuda", dtype=torch.bfloat16)
+        tileattn.attention(q, k, k[..., :128], causal=True, return_lse=True)
+        lengths = [3, 0, 150, 41, 300]
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+        q, k, v = (torch.randn(sum(lengths), h, 128, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for h in (8, 2, 2))
+        for causal in (False, True):
+            out = tileattn.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths),
+                                            causal=causal, return_lse=True)[0]
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        # Dense backward: seqlen_q 332 (a multiple of 4, the fused kernel's lse rows) and 333.
+        for dim, seqlen_q, causal, deterministic in (
+                (64, 332, False, False), (64, 332, True, False), (128, 332, False, False),
+                (128, 332, True, False), (128, 333, True, False), (128, 332, True, True),
+                (256, 332, True, True)):
+            q = torch.randn(2, seqlen_q, 4, dim, device="cuda", dtype=torch.bfloat16,
+                            requires_grad=True)
+            k, v = (torch.randn(2, 517, 2, dim, device="cuda", dtype=torch.bfloat16,
+                                requires_grad=True) for _ in range(2))
+            out = tileattn.attention(q, k, v, causal=causal, deterministic=deterministic)
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 
 
 def _paged(k, v, lengths, page_size):
@@ -173,6 +222,7 @@ def mla_cases() -> None:
 
 def main() -> None:
     attention_cases()
+    hopper_cases()
     serving_cases()
     backward_cases()
     flex_cases()
