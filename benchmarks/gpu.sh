@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu.sh STEP[:ARG[:ARG...]] ...       e.g. bash benchmarks/gpu.sh tests prefill
 #
 # Steps (ARGs are passed on to the command, one word each):
-#   tests        python -m pytest tests/gpu -n 8         the fast GPU tier (the default tier; ~2.5 min)
+#   tests        python -m pytest tests/gpu -n 14        the fast GPU tier (the default tier; ~2.6 min cold)
 #   tests-full   python -m pytest tests/gpu --full -n 14 the full grid too (~5 min: run it alone)
 #   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py
 #   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
@@ -109,7 +109,7 @@ for step in "$@"; do
   args=("${parts[@]:1}")
   echo "=== $step $(date -u +%T)" | tee -a "$LOG"
   case $name in
-    tests) logged "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/gpu ${args[@]+"${args[@]}"} ;;
+    tests) logged "$PY" -m pytest -q -p no:cacheprovider -n 14 tests/gpu ${args[@]+"${args[@]}"} ;;
     tests-full) logged "$PY" -m pytest -q -p no:cacheprovider -n 14 tests/gpu --full \
                   ${args[@]+"${args[@]}"} ;;
     sanitizer) logged compute-sanitizer --tool memcheck --error-exitcode 9 \
