@@ -55,6 +55,11 @@ def attention_cases() -> None:
                     tileattn.attention(q, k, k, causal=causal, return_lse=True)
 
 
+def _cu_seqlens(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                        device="cuda")
+
+
 def hopper_cases() -> None:
     """sm90: the Gluon kernels that the dispatch keeps for longer calls, forced on odd shapes:
     the FP8 forward (V's grouped K-major copy, per-tensor and block descales), the 16-bit one
@@ -81,8 +86,7 @@ def hopper_cases() -> None:
         k = torch.randn(2, 517, 2, 192, device="cuda", dtype=torch.bfloat16)
         tileattn.attention(q, k, k[..., :128], causal=True, return_lse=True)
         lengths = [3, 0, 150, 41, 300]
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")
+        cu = _cu_seqlens(lengths)
         q, k, v = (torch.randn(sum(lengths), h, 128, device="cuda", dtype=torch.bfloat16,
                                requires_grad=True) for h in (8, 2, 2))
         for causal in (False, True):
@@ -123,8 +127,6 @@ def _paged(k, v, lengths, page_size):
 
 
 def serving_cases() -> None:
-    cu = lambda lengths: torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                      dtype=torch.int32, device="cuda")
     lengths_q, lengths_k = [0, 5, 77, 1, 130], [3, 40, 200, 130, 130]
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         q = torch.randn(1, sum(lengths_q), 8, 128, device="cuda")
@@ -136,7 +138,7 @@ def serving_cases() -> None:
         else:
             (q, k, v), descales = (x.to(dtype) for x in (q, k, v)), {}
         q, k, v = q[0], k[0], v[0]
-        args = (cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k))
+        args = (_cu_seqlens(lengths_q), _cu_seqlens(lengths_k), max(lengths_q), max(lengths_k))
         tileattn.attention_varlen(q, k, v, *args, causal=True, return_lse=True, **descales)
         tileattn.attention_varlen(q, k, v, *args, window_size=(31, 2), softcap=10.0,
                                   alibi_slopes=torch.rand(8, device="cuda"), **descales)
@@ -147,12 +149,12 @@ def serving_cases() -> None:
         # Decode: one query per sequence over the paged cache, planned (graph-capturable path).
         (k_cache, v_cache), table = _paged(k, v, lengths_k, 16)
         ones = [1] * len(lengths_k)
-        plan = tileattn.decode_plan(cu_seqlens_k=cu(lengths_k), num_q_heads=8, num_kv_heads=2,
-                                    page_size=16, head_dim=128, head_dim_v=64,
+        plan = tileattn.decode_plan(cu_seqlens_k=_cu_seqlens(lengths_k), num_q_heads=8,
+                                    num_kv_heads=2, page_size=16, head_dim=128, head_dim_v=64,
                                     kv_dtype=k_cache.dtype, device="cuda")
-        tileattn.attention_varlen(q[:len(ones)], k_cache, v_cache, cu(ones), cu(lengths_k), 1,
-                                  max(lengths_k), block_table=table, plan=plan, return_lse=True,
-                                  **descales)
+        tileattn.attention_varlen(q[:len(ones)], k_cache, v_cache, _cu_seqlens(ones),
+                                  _cu_seqlens(lengths_k), 1, max(lengths_k), block_table=table,
+                                  plan=plan, return_lse=True, **descales)
 
 
 def backward_cases() -> None:
@@ -164,8 +166,7 @@ def backward_cases() -> None:
                                  deterministic=deterministic)
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     lengths = [3, 0, 150, 41]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device="cuda")
+    cu = _cu_seqlens(lengths)
     q, k, v = (torch.randn(sum(lengths), h, 128, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for h in (4, 2, 2))
     out = tileattn.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
