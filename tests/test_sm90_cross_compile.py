@@ -40,9 +40,9 @@ def local_in_key_loops(sass):
     return sum(len(re.findall(r"\b(?:LDL|STL)\b", body)) for body in key_loops(sass))
 
 def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones=False,
-                 softcap=0.0, window_left=-1, grouped=False, block_descales=False):
+                 softcap=0.0, window_left=-1, grouped=False, block_descales=False, long=False):
     """grouped (FP8): V in grouped key order (layout.py), else natural order; block_descales
-    (FP8): q's and k's per 128-row block, else per tensor."""
+    (FP8): q's and k's per 128-row block, else per tensor; long: the LONG_QUERY_CONFIGS row."""
     dtype = DTYPES[dtype_name]
     fp8 = dtype_name in ("e4m3", "e5m2")
     head_dim_v = head_dim_v or head_dim
@@ -64,7 +64,7 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
     out = torch.empty(batch, seqlen_q, heads, head_dim_v,
                       dtype=torch.bfloat16 if fp8 else dtype)
     lse = None if ones else torch.empty(batch, heads, seqlen_q)
-    config = sm90.config_for(head_dim, head_dim_v, fp8)
+    config = sm90.config_for(head_dim, head_dim_v, fp8, sm90.LONG_QUERIES if long else 0)
     if split is not None:
         config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, 0.1, causal, softcap=softcap,
@@ -86,7 +86,8 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
             "partition_barriers": sorted(set(re.findall(r"bar\.sync\s+\d+, (\d+)", ptx))),
             "shfl_per_key_loop": [len(re.findall(r"\bSHFL", body)) for body in key_loops(sass)],
             "bar_sync_per_key_loop": [body.count("BAR.SYNC") for body in key_loops(sass)],
-            "split": config.split, "tanh": sass.count("MUFU.TANH"),
+            "split": config.split, "block_m": config.block_m, "tanh": sass.count("MUFU.TANH"),
+            "key_loops": len(key_loops(sass)),
             "wide_stores": sass.count("STG.E.128")}
 
 def label(causal, split=None):
@@ -102,6 +103,9 @@ for head_dim in sm90.CONFIGS:
             rows[f"{name}-D{head_dim}-{label(causal)}"] = compile_case(name, head_dim, causal)
 for split in (False, True):
     rows[f"bf16-D128-{label(True, split)}"] = compile_case("bf16", 128, True, split)
+# The rows long calls take (LONG_QUERY_CONFIGS).
+long = {f"bf16-D{d}-{label(causal)}-long": compile_case("bf16", d, causal, long=True)
+        for d in sm90.LONG_QUERY_CONFIGS for causal in (False, True)}
 # Head dims the tiles pad (96 -> 128, 192 -> 256) and Dv != D, on the rows config_for picks.
 dims = {f"bf16-D{d}-Dv{dv}-{label(causal)}": compile_case("bf16", d, causal, head_dim_v=dv)
         for d, dv in ((192, 128), (96, 96), (192, 192), (64, 256))
@@ -189,7 +193,7 @@ flex = {"D128-mask": compile_flex(128, False, True), "D128-alibi": compile_flex(
         "D256-mask-256x128": compile_flex(256, False, True, (256, 128)),
         "D128-mask-128x64": compile_flex(128, False, True, (128, 64))}
 print(json.dumps({"rows": rows, "dims": dims, "ones": ones, "softcap": softcap,
-                  "window": window, "flex": flex, "varlen": varlen, "fp8": fp8}))
+                  "window": window, "flex": flex, "varlen": varlen, "fp8": fp8, "long": long}))
 '''
 
 
@@ -231,6 +235,32 @@ def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma(compiled):
         # The epilogue stores O in 16-byte pieces (Output.WIDE_STORE), not the accumulator
         # layout's 4-byte ones.
         assert row["wide_stores"] > 0, (name, row)
+
+
+def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
+    """LONG_QUERY_CONFIGS (head dim 64, 192-query tiles): three ping-pong consumer partitions of
+    128 threads each (three copies of the key loops), 160 registers each without a spill in a
+    key loop; per-tile scalars wait on the stack (at most 32 bytes, 28 loads and stores)."""
+    rows = compiled["long"]
+    assert len(rows) == 2
+    two_consumers = compiled["rows"]["bf16-D64-causal"]
+    for name, row in rows.items():
+        assert row["block_m"] == 192 and row["split"], (name, row)
+        _fits_and_runs_on_wgmma_tma(name, row, stack=32, local=28)
+        assert row["local_in_key_loops"] == 0, (name, row)
+        assert row["wide_stores"] > 0, (name, row)
+    assert rows["bf16-D64-causal-long"]["key_loops"] == 3 * two_consumers["key_loops"] // 2
+
+
+def test_long_calls_take_the_long_rows_where_there_is_one():
+    from tileattn.kernels.attention import sm90
+    long = sm90.LONG_QUERIES
+    assert sm90.config_for(64, 64, False, long) is sm90.LONG_QUERY_CONFIGS[64]
+    assert sm90.config_for(64, 64, False, long - 1) is sm90.CONFIGS[64]
+    assert sm90.config_for(64, 64, False) is sm90.CONFIGS[64]     # packed, block lists
+    assert sm90.config_for(64, 64, True, long) is sm90.FP8_CONFIGS[64]
+    assert sm90.config_for(128, 128, False, long) is sm90.CONFIGS[128]
+    assert sm90.config_for(64, 64, False, long).block_m % 64 == 0
 
 
 def test_padded_and_unequal_head_dims_compile_and_fit(compiled):

@@ -1,15 +1,16 @@
 """Hopper (sm90) forward attention in Gluon: TMA, mbarrier rings, wgmma, warp specialization.
 
 One persistent program per SM walks its own tile list (tileattn.scheduler.prefill_work_lists); a
-tile is BLOCK_M (128) queries of one (batch, query head). Each program is two partitions:
-  * a loader warp that issues TMA copies of Q (one buffer) and of K and V (separate rings of
-    NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
-  * two consumer warpgroups (64 query rows each) that run S = Q K^T and O += P V on wgmma.
-    Each loop is software pipelined one key block deep: S_{j+1} is issued before
+tile is BLOCK_M (128; 192 for LONG_QUERY_CONFIGS) queries of one (batch, query head). Each
+program's partitions:
+  * a loader warp that issues TMA copies of Q (one buffer of one or three boxes) and of K and
+    V (separate rings of NUM_STAGES buffers), each buffer guarded by a ready/empty mbarrier pair;
+  * BLOCK_M // 64 consumer warpgroups (64 query rows each) that run S = Q K^T and O += P V on
+    wgmma. Each loop is software pipelined one key block deep: S_{j+1} is issued before
     O += P_j V_j, so the softmax of block j+1 overlaps the tensor cores' P V work.
     With split=True (every config row) each warpgroup is its own partition and they take
-    turns issuing GEMMs through a pair of mbarriers (FA3's ping-pong), so one's softmax runs
-    under the other's GEMMs. With split=False they form one 8-warp partition, which Triton
+    turns issuing GEMMs through a ring of mbarriers (FA3's ping-pong), so one's softmax runs
+    under the others' GEMMs. With split=False two form one 8-warp partition, which Triton
     keeps in lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
 P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
 layout and fed to the second GEMM directly; the key loop carries P_j into the iteration that
@@ -56,6 +57,8 @@ from ..gluon_common import GL_DTYPES, rebased_descriptor, tma_ready
 # goes to the consumers. Ping-pong: 2 x 128 x 240 + 128 x 24 <= the SM's 64K registers.
 LOADER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
+# Three consumers: 3 x 128 x 160 + 128 x 24 <= 64K (the default partition gets the rest, 168).
+THREE_CONSUMER_REGS = gl.constexpr(160)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,12 @@ class Sm90Config:
     def num_warps(self) -> int:
         return 4 if self.split else self.block_m // 16
 
+    @property
+    def q_box_rows(self) -> int:
+        """Rows of Q's TMA box: the tile's, or one warpgroup's where the tile's is no power of
+        two (TMA boxes must be)."""
+        return self.block_m if self.block_m & (self.block_m - 1) == 0 else 64
+
 
 # padded head dim -> config, the head dim being the larger of Q/K's and V's, each padded to a
 # power of two (config_for). Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
@@ -82,6 +91,17 @@ CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(128, 3, split=True),
     128: Sm90Config(128, 2, split=True),
     256: Sm90Config(64, 2, split=True),
+}
+
+# 16-bit rows for calls of at least LONG_QUERIES queries (dense; packed and block-list calls
+# keep CONFIGS): head dim 64 on 192-query tiles, three consumer warpgroups of 64 rows taking
+# turns at the tensor cores (FlashAttention-3's hdim-64 tile). A thread's S, O and P fit the 160
+# registers each of three gets, and a K/V block then serves 1.5x the queries. Shorter causal
+# calls lose to 128-query tiles (the tiles' last rows run past the sequence and the diagonal
+# crosses two key blocks a tile); docs/design.md, "Hopper forward kernel".
+LONG_QUERIES = 4096
+LONG_QUERY_CONFIGS: dict[int, Sm90Config] = {
+    64: Sm90Config(128, 3, block_m=192, split=True),
 }
 
 
@@ -96,11 +116,16 @@ FP8_CONFIGS: dict[int, Sm90Config] = {
 }
 
 
-def config_for(head_dim: int, head_dim_v: int, fp8: bool = False) -> Sm90Config:
+def config_for(head_dim: int, head_dim_v: int, fp8: bool = False,
+               seqlen_q: int = 0) -> Sm90Config:
     """The CONFIGS (FP8_CONFIGS) row for these head dims: the one of the larger padded dim (a
-    row fits its dim for Q, K and V alike, so it fits any pair no wider)."""
-    table = FP8_CONFIGS if fp8 else CONFIGS
-    return table[max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))]
+    row fits its dim for Q, K and V alike, so it fits any pair no wider); a LONG_QUERY_CONFIGS
+    row instead for 16-bit calls of seqlen_q >= LONG_QUERIES (0: a call that must keep
+    128-query tiles)."""
+    width = max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))
+    if not fp8 and seqlen_q >= LONG_QUERIES and width in LONG_QUERY_CONFIGS:
+        return LONG_QUERY_CONFIGS[width]
+    return (FP8_CONFIGS if fp8 else CONFIGS)[width]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,12 +144,15 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
             # Barriers start in phase 0 "not complete"; waiting for parity 1 passes at once,
             # which lets the producer fill every buffer before the first release.
             mbarrier.wait(rings.q_empty, (tile_count & 1) ^ 1)
-            mbarrier.expect(rings.q_ready, q_desc.block_type.nbytes)
+            Q_BOXES: gl.constexpr = rings.q_smem.shape[0]
+            BOX_ROWS: gl.constexpr = rings.q_smem.shape[3]
+            mbarrier.expect(rings.q_ready, Q_BOXES * q_desc.block_type.nbytes)
             # Varlen tensors are packed: one "batch" whose rows start at the sequence's.
             batch = 0 if problem.VARLEN else tile.batch
-            tma.async_copy_global_to_shared(
-                q_desc, [batch, tile.head, tile.q_start + tile.m_block * problem.BLOCK_M, 0],
-                rings.q_ready, rings.q_smem)
+            q_row = tile.q_start + tile.m_block * problem.BLOCK_M
+            for box in gl.static_range(Q_BOXES):
+                tma.async_copy_global_to_shared(q_desc, [batch, tile.head, q_row + box * BOX_ROWS,
+                                                         0], rings.q_ready, rings.q_smem.index(box))
             for j in range(tile.first_block, tile.num_blocks):
                 stage = kv_count % problem.NUM_STAGES
                 phase = (kv_count // problem.NUM_STAGES) & 1
@@ -215,7 +243,9 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
     # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
-    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, 2 if SPLIT else 1)
+    NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64 if SPLIT else 1
+    rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, NUM_CONSUMERS,
+                           BLOCK_M // q_desc.block_type.shape[2])
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
     # plain tuple does not (Triton 3.6): `args + (HALF, PINGPONG)` unwraps the constexprs to
     # Python ints that warp_specialize cannot pass ("'int' object has no attribute
@@ -223,7 +253,16 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     # the partitions capture. (fn, args) pairs cannot be kept in a variable either: a Gluon
     # function is not a value.
     loader_args = (problem, q_desc, k_desc, v_desc, rings)
-    if SPLIT:
+    if NUM_CONSUMERS == 3:
+        gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
+                                                  True)),
+                            (consumer_partition, (problem, output, descales, rings, mod_args, 1,
+                                                  True)),
+                            (consumer_partition, (problem, output, descales, rings, mod_args, 2,
+                                                  True)),
+                            (_loader_partition, loader_args)], [4, 4, 1],
+                           [THREE_CONSUMER_REGS, THREE_CONSUMER_REGS, LOADER_REGS])
+    elif SPLIT:
         gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
                                                   True)),
                             (consumer_partition, (problem, output, descales, rings, mod_args, 1,
@@ -310,7 +349,9 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     num_kv_heads, head_dim_v = k.shape[2], v.shape[3]
     fp8 = q.dtype in FP8_DTYPES
     assert not fp8 or (sequences is None and q_descale is not None)
-    config = config or config_for(head_dim, head_dim_v, fp8)
+    # Packed sequences keep 128-query tiles (LONG_QUERY_CONFIGS is measured on dense calls).
+    config = config or config_for(head_dim, head_dim_v, fp8,
+                                  seqlen_q if sequences is None and block_plan is None else 0)
     assert block_plan is not None or mask_mod is None, "a mask hook runs on block lists only"
     assert block_plan is None or not (causal or window_left >= 0 or softcap > 0)
     block_m = config.block_m
@@ -320,7 +361,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
 
     # [batch, heads, seqlen, head_dim] views, so that TMA zero-fills past each sequence's end
     # and past the head dim (the padding).
-    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, block_m, dim])
+    q_desc = _descriptor(q.permute(0, 2, 1, 3), [1, 1, config.q_box_rows, dim])
     k_desc = _descriptor(k.permute(0, 2, 1, 3), [1, 1, block_n, dim])
     v_desc = _v_descriptor(v, block_n, dim_v, v_keys_grouped)
 

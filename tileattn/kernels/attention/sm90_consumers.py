@@ -1,4 +1,4 @@
-"""The consumer side of the Hopper attention kernel (sm90.py): two warpgroups that run
+"""The consumer side of the Hopper attention kernel (sm90.py): warpgroups that run
 S = Q K^T and O += P V on wgmma over the K/V rings the loader fills, the online softmax between
 them, and the epilogue. Also the state that loader and consumers share.
 
@@ -35,8 +35,9 @@ DESCALE_ROWS = gl.constexpr(DESCALE_BLOCK_ROWS)
 @aggregate
 class Rings:
     """The shared memory of a program: Q's buffer and the K and V rings of NUM_STAGES tiles,
-    each buffer with a ready / empty mbarrier pair, and the two turn barriers of ping-pong
-    consumers. The tiles are [1, 1, rows, head dim], as TMA writes them."""
+    each buffer with a ready / empty mbarrier pair, and the turn barriers of ping-pong
+    consumers (one each, at least two). The tiles are [1, 1, rows, head dim], as TMA writes
+    them; Q's buffer is [boxes, 1, 1, box rows, head dim]."""
     q_smem: gl.shared_memory_descriptor
     k_smem: gl.shared_memory_descriptor
     v_smem: gl.shared_memory_descriptor
@@ -63,10 +64,13 @@ class Rings:
         self.turn_bars = turn_bars
 
     @gluon.jit
-    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                 Q_BOXES: gl.constexpr):
         """Allocate and initialise; every consumer partition releases every buffer, so the
-        empty barriers count NUM_CONSUMERS arrivals."""
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+        empty barriers count NUM_CONSUMERS arrivals. Q's buffer holds Q_BOXES boxes of the
+        descriptor's rows (TMA boxes are powers of two: a 192-row tile is 3 of 64)."""
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BOXES] + q_desc.block_type.shape,
+                                           q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
@@ -77,10 +81,11 @@ class Rings:
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        TURNS: gl.constexpr = 3 if NUM_CONSUMERS == 3 else 2
+        turn_bars = gl.allocate_shared_memory(gl.int64, [TURNS, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=NUM_CONSUMERS)
-        for i in gl.static_range(2):
+        for i in gl.static_range(TURNS):
             mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
@@ -239,10 +244,11 @@ class Consumer:
 
     @gluon.jit
     def create(problem, rings, descales, HALF: gl.constexpr, PINGPONG: gl.constexpr):
-        """Consumer HALF (0 or 1) of a ping-pong pair, or the lockstep one (HALF 0)."""
-        ROWS: gl.constexpr = problem.BLOCK_M // 2 if PINGPONG else problem.BLOCK_M
+        """Consumer HALF (0 to BLOCK_M // 64 - 1) of the ping-pong warpgroups, or the lockstep
+        one (HALF 0)."""
+        ROWS: gl.constexpr = 64 if PINGPONG else problem.BLOCK_M
         NUM_WARPS: gl.constexpr = ROWS // 16
-        HEAD_DIM: gl.constexpr = rings.q_smem.shape[3]
+        HEAD_DIM: gl.constexpr = rings.q_smem.shape[4]
         dtype: gl.constexpr = rings.q_smem.dtype
         FP8: gl.constexpr = dtype.primitive_bitwidth == 8
         # FP8 V tiles are K-major: [1, 1, head dim, BLOCK_N].
@@ -260,23 +266,29 @@ class Consumer:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                      k_width=K_WIDTH)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-        q_op = rings.q_smem.reshape([problem.BLOCK_M, HEAD_DIM]).slice(HALF * ROWS, ROWS)
+        BOX_ROWS: gl.constexpr = rings.q_smem.shape[3]
+        if BOX_ROWS == ROWS:
+            q_op = rings.q_smem.index(HALF).reshape([ROWS, HEAD_DIM])
+        else:
+            q_op = rings.q_smem.index(0).reshape([BOX_ROWS, HEAD_DIM]).slice(HALF * ROWS, ROWS)
         return Consumer(problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
                         descales.V_KEYS_GROUPED, P_DTYPE, s_layout, o_layout, p_layout, row_layout)
 
     @gluon.jit
     def wait_turn(self, turn_count):
-        """Ping-pong: warpgroup HALF issues its n-th GEMMs after the other has issued its
-        (n-1)-th (HALF 0) or n-th (HALF 1), so one's softmax runs under the other's GEMMs."""
+        """Ping-pong: warpgroup HALF issues its n-th GEMMs after the one before it in the ring
+        has issued its (n-1)-th (HALF 0, whose first turn is free) or n-th, so one's softmax
+        runs under the others' GEMMs."""
         if self.PINGPONG:
-            mbarrier.wait(self.rings.turn_bars.index(self.HALF),
-                          (turn_count & 1) ^ (1 - self.HALF))
+            FIRST: gl.constexpr = 1 if self.HALF == 0 else 0
+            mbarrier.wait(self.rings.turn_bars.index(self.HALF), (turn_count & 1) ^ FIRST)
         return turn_count + 1
 
     @gluon.jit
     def pass_turn(self):
         if self.PINGPONG:
-            self.rings.release(self.rings.turn_bars.index(1 - self.HALF))
+            NUM_CONSUMERS: gl.constexpr = self.problem.BLOCK_M // self.ROWS
+            self.rings.release(self.rings.turn_bars.index((self.HALF + 1) % NUM_CONSUMERS))
 
     @gluon.jit
     def p_operand(self, p_f32):
@@ -667,8 +679,9 @@ def _write_out(values, tile, output, wg, layout: gl.constexpr):
 @gluon.jit
 def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.constexpr,
                        PINGPONG: gl.constexpr):
-    """Consumer HALF of a ping-pong pair (PINGPONG), or the lockstep pair of warpgroups: every
-    tile of this program's list, its rows of it. mod_args: the hooks' tuple."""
+    """Consumer HALF of the ping-pong warpgroups (PINGPONG), or the lockstep pair of
+    warpgroups: every tile of this program's list, its rows of it. mod_args: the hooks'
+    tuple."""
     wg = Consumer.create(problem, rings, descales, HALF, PINGPONG)
     kv_count = 0
     tile_count = 0
