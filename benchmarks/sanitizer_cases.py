@@ -85,6 +85,12 @@ def hopper_cases() -> None:
         q = torch.randn(2, 333, 4, 192, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(2, 517, 2, 192, device="cuda", dtype=torch.bfloat16)
         tileattn.attention(q, k, k[..., :128], causal=True, return_lse=True)
+        # Long calls at head dim 64: 192-query tiles (sm90.LONG_QUERY_CONFIGS).
+        q = torch.randn(1, 4099, 2, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 4111, 1, 64, device="cuda", dtype=torch.bfloat16)
+        tileattn.attention(q, k, k, return_lse=True)
+        tileattn.attention(q, k, k, causal=True, window_size=(500, 0), softcap=20.0,
+                           return_lse=True)
         lengths = [3, 0, 150, 41, 300]
         cu = _cu_seqlens(lengths)
         q, k, v = (torch.randn(sum(lengths), h, 128, device="cuda", dtype=torch.bfloat16,
