@@ -82,7 +82,7 @@ class Sm90Config:
 
 
 # padded head dim -> config, the head dim being the larger of Q/K's and V's, each padded to a
-# power of two (config_for). Shared memory = Q (128 x D) + NUM_STAGES x (K + V tiles); every
+# power of two (config_for). Shared memory = Q (BLOCK_M x D) + NUM_STAGES x (K + V tiles); every
 # row fits 227 KB, and so does every pair of head dims that maps to it
 # (tests/test_sm90_cross_compile.py checks metadata.shared). Every row runs the ping-pong
 # consumers; the tile sizes and the ping-pong choice are measured (docs/design.md, "Hopper
@@ -242,7 +242,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                         stride_k_descale_h, stride_k_descale_t, stride_v_descale_b,
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
-    # SPLIT: the two consumer warpgroups are separate partitions, each releasing every buffer.
+    # SPLIT: the consumer warpgroups are separate partitions, each releasing every buffer.
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64 if SPLIT else 1
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, NUM_CONSUMERS,
                            BLOCK_M // q_desc.block_type.shape[2])
