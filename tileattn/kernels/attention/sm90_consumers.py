@@ -81,7 +81,7 @@ class Rings:
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        TURNS: gl.constexpr = 3 if NUM_CONSUMERS == 3 else 2
+        TURNS: gl.constexpr = NUM_CONSUMERS if NUM_CONSUMERS > 2 else 2
         turn_bars = gl.allocate_shared_memory(gl.int64, [TURNS, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=NUM_CONSUMERS)
