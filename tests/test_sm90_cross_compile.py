@@ -40,9 +40,10 @@ def local_in_key_loops(sass):
     return sum(len(re.findall(r"\b(?:LDL|STL)\b", body)) for body in key_loops(sass))
 
 def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones=False,
-                 softcap=0.0, window_left=-1, grouped=False, block_descales=False, long=False):
+                 softcap=0.0, window_left=-1, grouped=False, block_descales=False, queries=0):
     """grouped (FP8): V in grouped key order (layout.py), else natural order; block_descales
-    (FP8): q's and k's per 128-row block, else per tensor; long: the LONG_QUERY_CONFIGS row."""
+    (FP8): q's and k's per 128-row block, else per tensor; queries: the config row of a dense
+    call of that many queries (sm90.config_for; 0: CONFIGS')."""
     dtype = DTYPES[dtype_name]
     fp8 = dtype_name in ("e4m3", "e5m2")
     head_dim_v = head_dim_v or head_dim
@@ -64,7 +65,7 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
     out = torch.empty(batch, seqlen_q, heads, head_dim_v,
                       dtype=torch.bfloat16 if fp8 else dtype)
     lse = None if ones else torch.empty(batch, heads, seqlen_q)
-    config = sm90.config_for(head_dim, head_dim_v, fp8, sm90.LONG_QUERIES if long else 0)
+    config = sm90.config_for(head_dim, head_dim_v, fp8, queries)
     if split is not None:
         config = dataclasses.replace(config, split=split)
     launch = sm90.attention_sm90_launch(q, k, v, out, lse, 0.1, causal, softcap=softcap,
@@ -104,8 +105,12 @@ for head_dim in sm90.CONFIGS:
 for split in (False, True):
     rows[f"bf16-D128-{label(True, split)}"] = compile_case("bf16", 128, True, split)
 # The rows long calls take (LONG_QUERY_CONFIGS).
-long = {f"bf16-D{d}-{label(causal)}-long": compile_case("bf16", d, causal, long=True)
+long = {f"bf16-D{d}-{label(causal)}-long": compile_case("bf16", d, causal,
+                                                       queries=sm90.LONG_QUERIES)
         for d in sm90.LONG_QUERY_CONFIGS for causal in (False, True)}
+# The rows shorter dense calls take (SHORT_QUERY_CONFIGS).
+short = {f"bf16-D{d}-{label(causal)}-short": compile_case("bf16", d, causal, queries=1000)
+         for d in sm90.SHORT_QUERY_CONFIGS for causal in (False, True)}
 # Head dims the tiles pad (96 -> 128, 192 -> 256) and Dv != D, on the rows config_for picks.
 dims = {f"bf16-D{d}-Dv{dv}-{label(causal)}": compile_case("bf16", d, causal, head_dim_v=dv)
         for d, dv in ((192, 128), (96, 96), (192, 192), (64, 256))
@@ -193,7 +198,8 @@ flex = {"D128-mask": compile_flex(128, False, True), "D128-alibi": compile_flex(
         "D256-mask-256x128": compile_flex(256, False, True, (256, 128)),
         "D128-mask-128x64": compile_flex(128, False, True, (128, 64))}
 print(json.dumps({"rows": rows, "dims": dims, "ones": ones, "softcap": softcap,
-                  "window": window, "flex": flex, "varlen": varlen, "fp8": fp8, "long": long}))
+                  "window": window, "flex": flex, "varlen": varlen, "fp8": fp8, "long": long,
+                  "short": short}))
 '''
 
 
@@ -252,11 +258,22 @@ def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
     assert rows["bf16-D64-causal-long"]["key_loops"] == 3 * two_consumers["key_loops"] // 2
 
 
-def test_long_calls_take_the_long_rows_where_there_is_one():
+def test_short_dense_call_rows_compile_fit_and_do_not_spill(compiled):
+    rows = compiled["short"]
+    assert len(rows) == 2
+    for name, row in rows.items():
+        _fits_and_runs_on_wgmma_tma(name, row, **TILE_SCALARS)
+        assert row["local_in_key_loops"] == 0 and row["wide_stores"] > 0, (name, row)
+
+
+def test_dense_calls_take_the_long_and_short_rows_where_there_is_one():
     from tileattn.kernels.attention import sm90
     long = sm90.LONG_QUERIES
     assert sm90.config_for(64, 64, False, long) is sm90.LONG_QUERY_CONFIGS[64]
-    assert sm90.config_for(64, 64, False, long - 1) is sm90.CONFIGS[64]
+    assert sm90.config_for(64, 64, False, long - 1) is sm90.SHORT_QUERY_CONFIGS[64]
+    assert sm90.config_for(64, 64, False, 1) is sm90.SHORT_QUERY_CONFIGS[64]
+    assert sm90.config_for(128, 128, False, long - 1) is sm90.CONFIGS[128]
+    assert sm90.config_for(64, 64, True, 1) is sm90.FP8_CONFIGS[64]
     assert sm90.config_for(64, 64, False) is sm90.CONFIGS[64]     # packed, block lists
     assert sm90.config_for(64, 64, True, long) is sm90.FP8_CONFIGS[64]
     assert sm90.config_for(128, 128, False, long) is sm90.CONFIGS[128]

@@ -144,7 +144,8 @@ def _info(args) -> None:
               f"2^{dispatch.SM90_MIN_WORK_D64.bit_length() - 1}; halved when "
               f"causal) where TMA can address the strides; configs by padded head dim: "
               f"{ {d: sm90.CONFIGS[d] for d in (64, 128, 256)} }; from "
-              f"{sm90.LONG_QUERIES} queries (dense): {sm90.LONG_QUERY_CONFIGS}")
+              f"{sm90.LONG_QUERIES} queries (dense): {sm90.LONG_QUERY_CONFIGS}; fewer "
+              f"(dense): {sm90.SHORT_QUERY_CONFIGS}")
         print("  portable Triton kernel otherwise:")
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         if dtype.itemsize == 1 and not arch.has_fp8_mma:

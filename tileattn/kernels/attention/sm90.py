@@ -104,6 +104,14 @@ LONG_QUERY_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(128, 3, block_m=192, split=True),
 }
 
+# 16-bit rows for dense calls of fewer than LONG_QUERIES queries (packed and block-list calls
+# keep CONFIGS): at head dim 64 two K/V stages, measured faster than three on dense calls of
+# 1k-2k queries without a mask and equal under causal, but slower on block lists
+# (docs/design.md, "Hopper forward kernel").
+SHORT_QUERY_CONFIGS: dict[int, Sm90Config] = {
+    64: Sm90Config(128, 2, split=True),
+}
+
 
 # FP8 (padded head dim -> config): 128-key blocks at every dim. At D=256 the S accumulator, the
 # fp32 P the key loop carries (Consumer.carried_p) and O fill the consumers' registers and a few
@@ -119,12 +127,15 @@ FP8_CONFIGS: dict[int, Sm90Config] = {
 def config_for(head_dim: int, head_dim_v: int, fp8: bool = False,
                seqlen_q: int = 0) -> Sm90Config:
     """The CONFIGS (FP8_CONFIGS) row for these head dims: the one of the larger padded dim (a
-    row fits its dim for Q, K and V alike, so it fits any pair no wider); a LONG_QUERY_CONFIGS
-    row instead for 16-bit calls of seqlen_q >= LONG_QUERIES (0: a call that must keep
-    128-query tiles)."""
+    row fits its dim for Q, K and V alike, so it fits any pair no wider); for a dense 16-bit
+    call of seqlen_q queries (0: a packed or block-list call, which keeps CONFIGS) its
+    LONG_QUERY_CONFIGS row from LONG_QUERIES queries, else its SHORT_QUERY_CONFIGS row, where
+    the table has one."""
     width = max(padded_head_dim(head_dim), padded_head_dim(head_dim_v))
-    if not fp8 and seqlen_q >= LONG_QUERIES and width in LONG_QUERY_CONFIGS:
-        return LONG_QUERY_CONFIGS[width]
+    if not fp8 and seqlen_q > 0:
+        rows = LONG_QUERY_CONFIGS if seqlen_q >= LONG_QUERIES else SHORT_QUERY_CONFIGS
+        if width in rows:
+            return rows[width]
     return (FP8_CONFIGS if fp8 else CONFIGS)[width]
 
 
@@ -349,7 +360,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     num_kv_heads, head_dim_v = k.shape[2], v.shape[3]
     fp8 = q.dtype in FP8_DTYPES
     assert not fp8 or (sequences is None and q_descale is not None)
-    # Packed sequences keep 128-query tiles (LONG_QUERY_CONFIGS is measured on dense calls).
+    # Packed sequences and block lists keep CONFIGS (the dense rows are measured on dense calls).
     config = config or config_for(head_dim, head_dim_v, fp8,
                                   seqlen_q if sequences is None and block_plan is None else 0)
     assert block_plan is not None or mask_mod is None, "a mask hook runs on block lists only"
