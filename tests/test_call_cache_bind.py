@@ -120,3 +120,82 @@ def test_clear_all_forgets_every_call_cache():
     clear_all()
     for number, cache in enumerate(caches):
         assert cache.get(("test signature", number)) is None
+
+
+class _RawLauncher:
+    """Stands in for Triton's compiled C launcher: records the argument list it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _fill_tma_descriptor(pointer, *fields):
+    """Stands in for the driver's CUtensorMap: the fields it is filled from, comparable."""
+    return ("tensor map", pointer) + tuple(tuple(f) if isinstance(f, list) else f
+                                          for f in fields)
+
+
+def test_direct_launch_hands_the_c_launcher_what_triton_3_6_would(monkeypatch):
+    """runtime.DirectLaunch builds the C launcher's argument list once; a call must hand it
+    exactly what CudaLauncher.__call__ and its descriptor wrapper build from the same values
+    (the new tensors, each descriptor's map filled for its new base, the stream)."""
+    import types
+
+    import triton
+    from triton.backends.nvidia import driver as nvidia
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(
+        utils=types.SimpleNamespace(fill_tma_descriptor=_fill_tma_descriptor)))
+    q, k, v = (torch.randn(2, 200, h, 128).bfloat16() for h in (4, 2, 2))
+    out, lse = torch.empty(2, 200, 4, 128).bfloat16(), torch.empty(2, 4, 200)
+    launch = sm90.attention_sm90_launch(q, k, v, out, lse, 0.1, True)
+    names = launch.kernel.arg_names
+    ordered = [launch.constexprs[name] if name in launch.constexprs else launch.args[name]
+               for name in names]
+    signature = {i: "tensordesc<bf16>" if runtime.is_tma_descriptor(value) else "i32"
+                 for i, value in enumerate(ordered)}
+    metas = [dict(swizzle=3, elem_size=2, elem_type=10, block_size=list(value.block_shape),
+                  fp4_padded=False) for value in ordered if runtime.is_tma_descriptor(value)]
+    raw = _RawLauncher()
+    launcher = object.__new__(nvidia.CudaLauncher)
+    launcher.__dict__.update(launch=nvidia.wrap_handle_tensordesc(raw, signature, metas),
+                             num_ctas=1, global_scratch_size=0, global_scratch_align=1,
+                             profile_scratch_size=0, profile_scratch_align=1,
+                             launch_cooperative_grid=False, launch_pdl=False)
+    compiled = types.SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1))
+    bound = runtime.BoundLaunch(compiled, (132, 1, 1), ordered, names)
+    assert bound.direct is not None and len(bound.direct.descriptors) == 3
+    # The template keeps no tensor of the call it was made from.
+    assert not any(isinstance(x, torch.Tensor) for x in bound.direct.template)
+
+    monkeypatch.setattr(runtime, "current_stream_handle", lambda: 77)
+    new = dict(out_ptr=torch.empty_like(out), lse_ptr=torch.empty_like(lse),
+               softmax_scale_log2=0.5, tile_ids_ptr=launch.args["tile_ids_ptr"].clone(),
+               tile_starts_ptr=launch.args["tile_starts_ptr"].clone(), mod_args=())
+    for name, tensor in (("q_desc", q), ("k_desc", k), ("v_desc", v)):
+        new[name] = sm90.rebased_descriptor(launch.args[name], torch.randn_like(tensor))
+    bound.run(**new)
+    direct_args = raw.calls.pop()
+    bound.direct = None                         # CudaLauncher's own path, same values
+    bound.run(**new)
+    triton_args = raw.calls.pop()
+    assert len(direct_args) == len(triton_args)
+    for position, (mine, theirs) in enumerate(zip(direct_args, triton_args)):
+        assert mine is theirs or mine == theirs, position
+    assert direct_args[3] == 77
+    assert ("tensor map", new["q_desc"].base.data_ptr()) == direct_args[
+        nvidia._BASE_ARGS_FORMAT_LEN + names.index("q_desc")][:2]
+
+
+def test_direct_launch_stays_off_for_other_launchers():
+    """A launcher not laid out as Triton 3.6's (here a stand-in) keeps CudaLauncher's path."""
+    q, k, v = (torch.randn(1, 64, h, 64).bfloat16() for h in (2, 1, 1))
+    launch = sm90.attention_sm90_launch(q, k, v, torch.empty(1, 64, 2, 64).bfloat16(), None,
+                                        0.1, False)
+    ordered = [launch.constexprs[name] if name in launch.constexprs else launch.args[name]
+               for name in launch.kernel.arg_names]
+    bound = runtime.BoundLaunch(_Recorder(), (1, 1, 1), ordered, launch.kernel.arg_names)
+    assert bound.direct is None

@@ -123,17 +123,95 @@ class BoundLaunch:
         self.ordered = [None if name in self.tensor_names else value
                         for name, value in zip(names, ordered)]
         self.index = {name: i for i, name in enumerate(names)}
+        self.direct = DirectLaunch.create(compiled, grid, ordered, names, self.tensor_names)
 
     def run(self, **values) -> None:
         if not self.tensor_names <= values.keys():
             raise TypeError(f"BoundLaunch.run needs every tensor of its launch: "
                             f"missing {sorted(self.tensor_names - values.keys())}")
+        if self.direct is not None:
+            self.direct.run(current_stream_handle(), values)
+            return
         args = list(self.ordered)
         for name, value in values.items():
             args[self.index[name]] = value
         compiled = self.compiled
         compiled.run(self.grid[0], self.grid[1], self.grid[2], current_stream_handle(),
                      compiled.function, compiled.packed_metadata, None, None, None, *args)
+
+
+class DirectLaunch:
+    """A bound launch's call of Triton's C launcher with the argument list built once.
+
+    Triton 3.6's CudaLauncher rebuilds the C launcher's list on every launch, expanding each
+    TMA descriptor into its CUtensorMap, shape and strides (triton/backends/nvidia/driver.py,
+    wrap_handle_tensordesc); that Python work is a good part of a short call's host time
+    (docs/design.md, "Host overhead and the call cache"). A bound launch changes only its
+    tensors and scalars, so the list is built once and a call writes its values into their
+    slots, a descriptor's as Triton's own make_tensordesc_arg expands it. `create` returns None
+    where the launcher is not laid out as Triton 3.6's (another Triton, scratch buffers, a
+    stand-in): BoundLaunch then takes CudaLauncher's own path."""
+
+    def __init__(self, raw_launch, expand, template: list, slots: dict, descriptors: dict):
+        self.raw_launch = raw_launch
+        self.expand = expand            # Triton's make_tensordesc_arg
+        self.template = template        # the C launcher's arguments, the stream at index 3
+        self.slots = slots              # argument name -> index in template
+        self.descriptors = descriptors  # descriptor argument name -> (tensordesc meta, width)
+
+    @staticmethod
+    def create(compiled, grid, ordered: list, names: list[str], given: frozenset):
+        from triton.backends.nvidia import driver as nvidia
+
+        launcher = getattr(compiled, "run", None)
+        if (type(launcher) is not nvidia.CudaLauncher or launcher.global_scratch_size
+                or launcher.profile_scratch_size):
+            return None
+        launch = launcher.launch
+        if getattr(launch, "__qualname__", "") == "wrap_handle_tensordesc.<locals>.inner":
+            cells = dict(zip(launch.__code__.co_freevars,
+                             (cell.cell_contents for cell in launch.__closure__)))
+            raw_launch = cells.get("launcher")
+            indices = sorted(cells.get("tensordesc_indices", ()))
+            metas = cells.get("tensordesc_meta") or ()
+            if raw_launch is None or len(metas) != len(indices) or None in metas:
+                return None
+        else:
+            raw_launch, indices, metas = launch, [], ()
+        meta_at = dict(zip(indices, metas))
+        template = [*grid, None, compiled.function, launcher.launch_cooperative_grid,
+                    launcher.launch_pdl, None, None, compiled.packed_metadata, None, None, None]
+        if len(template) != nvidia._BASE_ARGS_FORMAT_LEN:
+            return None
+        slots, descriptors = {}, {}
+        for i, (name, value) in enumerate(zip(names, ordered)):
+            slots[name] = len(template)
+            if i in meta_at:
+                expanded = nvidia.make_tensordesc_arg(value, meta_at[i])
+                descriptors[name] = (meta_at[i], len(expanded))
+                template.extend(expanded)
+            else:
+                template.append(value)
+        for name in given:      # the first call's tensors are not kept
+            width = descriptors[name][1] if name in descriptors else 1
+            template[slots[name]:slots[name] + width] = [None] * width
+        return DirectLaunch(raw_launch, nvidia.make_tensordesc_arg, template, slots, descriptors)
+
+    def run(self, stream: int, values: dict) -> None:
+        args = self.template.copy()
+        args[3] = stream
+        for name, value in values.items():
+            slot = self.slots[name]
+            described = self.descriptors.get(name)
+            if described is None:
+                args[slot] = value
+                continue
+            expanded = self.expand(value, described[0])
+            if len(expanded) != described[1]:
+                raise ValueError(f"BoundLaunch.run: {name} has {len(value.shape)} dims, not "
+                                 f"the {(described[1] - 1) // 2} of its launch's descriptor")
+            args[slot:slot + described[1]] = expanded
+        self.raw_launch(*args)
 
 
 def current_stream_handle() -> int:
