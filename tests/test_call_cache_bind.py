@@ -175,18 +175,25 @@ def test_direct_launch_hands_the_c_launcher_what_triton_3_6_would(monkeypatch):
     new = dict(out_ptr=torch.empty_like(out), lse_ptr=torch.empty_like(lse),
                softmax_scale_log2=0.5, tile_ids_ptr=launch.args["tile_ids_ptr"].clone(),
                tile_starts_ptr=launch.args["tile_starts_ptr"].clone(), mod_args=())
+    # Descriptor slots given as descriptors, or as the tensors to re-base them on.
+    as_descriptors = dict(new)
     for name, tensor in (("q_desc", q), ("k_desc", k), ("v_desc", v)):
-        new[name] = sm90.rebased_descriptor(launch.args[name], torch.randn_like(tensor))
-    bound.run(**new)
-    direct_args = raw.calls.pop()
-    bound.direct = None                         # CudaLauncher's own path, same values
-    bound.run(**new)
-    triton_args = raw.calls.pop()
-    assert len(direct_args) == len(triton_args)
-    for position, (mine, theirs) in enumerate(zip(direct_args, triton_args)):
-        assert mine is theirs or mine == theirs, position
-    assert direct_args[3] == 77
-    assert ("tensor map", new["q_desc"].base.data_ptr()) == direct_args[
+        new[name] = torch.randn_like(tensor)
+        as_descriptors[name] = runtime.rebased_descriptor(launch.args[name], new[name])
+    direct = bound.direct
+    runs = []
+    for values in (new, as_descriptors):
+        for path in (direct, None):             # None: CudaLauncher's own path
+            bound.direct = path
+            bound.run(**values)
+            runs.append(raw.calls.pop())
+    first = runs[0]
+    for other in runs[1:]:
+        assert len(first) == len(other)
+        for position, (mine, theirs) in enumerate(zip(first, other)):
+            assert mine is theirs or mine == theirs, position
+    assert first[3] == 77
+    assert ("tensor map", new["q_desc"].data_ptr()) == first[
         nvidia._BASE_ARGS_FORMAT_LEN + names.index("q_desc")][:2]
 
 

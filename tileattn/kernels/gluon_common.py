@@ -36,16 +36,6 @@ def scalar(value):
     return value if isinstance(value, gl.tensor) else gl.constexpr(value)
 
 
-def rebased_descriptor(descriptor, base: torch.Tensor | None):
-    """A host TMA descriptor like `descriptor` over `base` instead (a tensor of the same shape,
-    strides and dtype: what a call cache's signature guarantees; None: a template that holds
-    no tensor), made without the constructor's checks, which are most of its host time."""
-    new = object.__new__(type(descriptor))
-    new.__dict__.update(descriptor.__dict__)
-    new.base = base
-    return new
-
-
 @builtin
 def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Add the shared-memory tile src into tensor_desc's box at coord by one TMA reduction

@@ -103,6 +103,17 @@ def is_tma_descriptor(value) -> bool:
     return hasattr(value, "block_shape") and hasattr(value, "layout") and hasattr(value, "base")
 
 
+def rebased_descriptor(descriptor, base: torch.Tensor | None):
+    """A host TMA descriptor like `descriptor` over `base` instead (None: a template that holds
+    no tensor), made without the constructor's checks, which are most of its host time. Its
+    launch reads only base's data pointer (the descriptor keeps its own shape and strides), so
+    base may be any tensor starting there, e.g. the unpermuted tensor of a permuted view."""
+    new = object.__new__(type(descriptor))
+    new.__dict__.update(descriptor.__dict__)
+    new.base = base
+    return new
+
+
 def _holds_tensor(value) -> bool:
     if isinstance(value, torch.Tensor) or is_tma_descriptor(value):
         return True
@@ -112,7 +123,9 @@ def _holds_tensor(value) -> bool:
 class BoundLaunch:
     """A compiled launch whose tensor arguments (and TMA descriptors, which hold tensors) are
     given per call (see KernelLaunch.bind). It keeps no tensor of the call it was made from;
-    every tensor slot must be filled."""
+    every tensor slot must be filled. A descriptor slot takes a descriptor, or the tensor to
+    re-base the launch's descriptor on (its shape, strides and box stay the launch's: a call
+    cache's signature fixes them)."""
 
     def __init__(self, compiled, grid: tuple[int, int, int], ordered: list, names: list[str]):
         self.compiled = compiled
@@ -123,6 +136,9 @@ class BoundLaunch:
         self.ordered = [None if name in self.tensor_names else value
                         for name, value in zip(names, ordered)]
         self.index = {name: i for i, name in enumerate(names)}
+        self.descriptor_templates = {name: rebased_descriptor(value, None)
+                                     for name, value in zip(names, ordered)
+                                     if is_tma_descriptor(value)}
         self.direct = DirectLaunch.create(compiled, grid, ordered, names, self.tensor_names)
 
     def run(self, **values) -> None:
@@ -134,6 +150,8 @@ class BoundLaunch:
             return
         args = list(self.ordered)
         for name, value in values.items():
+            if name in self.descriptor_templates and isinstance(value, torch.Tensor):
+                value = rebased_descriptor(self.descriptor_templates[name], value)
             args[self.index[name]] = value
         compiled = self.compiled
         compiled.run(self.grid[0], self.grid[1], self.grid[2], current_stream_handle(),
@@ -148,16 +166,22 @@ class DirectLaunch:
     wrap_handle_tensordesc); that Python work is a good part of a short call's host time
     (docs/design.md, "Host overhead and the call cache"). A bound launch changes only its
     tensors and scalars, so the list is built once and a call writes its values into their
-    slots, a descriptor's as Triton's own make_tensordesc_arg expands it. `create` returns None
+    slots, a descriptor as Triton's own make_tensordesc_arg expands it, a tensor given for a
+    descriptor as the launch's descriptor re-based on it (a CUtensorMap filled for the new
+    address, the launch's shape and strides). `create` returns None
     where the launcher is not laid out as Triton 3.6's (another Triton, scratch buffers, a
     stand-in): BoundLaunch then takes CudaLauncher's own path."""
 
-    def __init__(self, raw_launch, expand, template: list, slots: dict, descriptors: dict):
+    def __init__(self, raw_launch, expand, fill, template: list, slots: dict,
+                 descriptors: dict):
         self.raw_launch = raw_launch
         self.expand = expand            # Triton's make_tensordesc_arg
+        self.fill = fill                # the driver's fill_tma_descriptor
         self.template = template        # the C launcher's arguments, the stream at index 3
         self.slots = slots              # argument name -> index in template
-        self.descriptors = descriptors  # descriptor argument name -> (tensordesc meta, width)
+        # descriptor argument name -> (tensordesc meta, width, the map's fields after the
+        # address, the launch's shape and strides)
+        self.descriptors = descriptors
 
     @staticmethod
     def create(compiled, grid, ordered: list, names: list[str], given: frozenset):
@@ -187,15 +211,24 @@ class DirectLaunch:
         for i, (name, value) in enumerate(zip(names, ordered)):
             slots[name] = len(template)
             if i in meta_at:
-                expanded = nvidia.make_tensordesc_arg(value, meta_at[i])
-                descriptors[name] = (meta_at[i], len(expanded))
+                meta = meta_at[i]
+                expanded = nvidia.make_tensordesc_arg(value, meta)
+                shape_and_strides = expanded[1:]
+                shape = list(shape_and_strides[:len(value.shape)])
+                fields = (meta["swizzle"], meta["elem_size"],
+                          nvidia.TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                          meta["block_size"], shape, list(value.strides),
+                          1 if value.padding == "nan" else 0)
+                descriptors[name] = (meta, len(expanded), fields, shape_and_strides)
                 template.extend(expanded)
             else:
                 template.append(value)
         for name in given:      # the first call's tensors are not kept
             width = descriptors[name][1] if name in descriptors else 1
             template[slots[name]:slots[name] + width] = [None] * width
-        return DirectLaunch(raw_launch, nvidia.make_tensordesc_arg, template, slots, descriptors)
+        fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+        return DirectLaunch(raw_launch, nvidia.make_tensordesc_arg, fill, template, slots,
+                            descriptors)
 
     def run(self, stream: int, values: dict) -> None:
         args = self.template.copy()
@@ -206,7 +239,10 @@ class DirectLaunch:
             if described is None:
                 args[slot] = value
                 continue
-            expanded = self.expand(value, described[0])
+            if isinstance(value, torch.Tensor):
+                expanded = [self.fill(value.data_ptr(), *described[2]), *described[3]]
+            else:
+                expanded = self.expand(value, described[0])
             if len(expanded) != described[1]:
                 raise ValueError(f"BoundLaunch.run: {name} has {len(value.shape)} dims, not "
                                  f"the {(described[1] - 1) // 2} of its launch's descriptor")

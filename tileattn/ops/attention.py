@@ -38,8 +38,8 @@ def forward(q, k, v, *, causal, softmax_scale, window_size, softcap, alibi_slope
     replay = _CALLS.get(signature)
     if replay is not None and launch_hooks_clear():
         scale = checks.softmax_scale(softmax_scale, q.shape[3])
-        masks = masks_for(causal, window_size, checks.softcap(softcap), alibi_slopes)
-        return replay(q, k, v, q_descale, k_descale, v_descale, scale, masks.mod_args)
+        _, _, mod_args = mods.builtin(checks.softcap(softcap), alibi_slopes)
+        return replay(q, k, v, q_descale, k_descale, v_descale, scale, mod_args)
 
     checks.attention_inputs(q, k, v, causal, q_descale, k_descale, v_descale, out_dtype)
     scale = checks.softmax_scale(softmax_scale, q.shape[3])

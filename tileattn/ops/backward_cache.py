@@ -6,9 +6,9 @@ design.md, "Host overhead and the call cache").
 A replay maps each tensor argument of the recorded launches to the same role in the new call
 by the argument's name (_ROLES: the names kernels/attention/bwd.py and sm90_bwd.py give
 them), after checking, when it records, that every tensor argument is the tensor its name
-says. Gluon TMA descriptors are kept without their tensors (the cache holds no call's tensor)
-and copied with the new tensor's view as base (the signature fixes their shape, strides and
-alignment, so nothing else of them changes).
+says. A Gluon TMA descriptor's slot takes the new call's tensor of its role: the bound launch
+re-bases its descriptor on it (runtime.BoundLaunch; the signature fixes the descriptor's shape,
+strides and alignment, so nothing else of it changes).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from ..kernels.attention import bwd
-from ..kernels.gluon_common import rebased_descriptor
 from ..kernels.runtime import KernelLaunch, is_tma_descriptor
 from .call_cache import CallCache, tensor_key
 
@@ -59,13 +58,10 @@ def _view(x: torch.Tensor, role: str) -> torch.Tensor:
     return (x if x.dim() == 4 else x.unsqueeze(0)).permute(0, 2, 1, 3)
 
 
-def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
-                   templates: dict | None = None) -> dict | None:
-    """name -> how a replay fills it: ("tensor", role), ("descriptor", role, template: the
-    recorded descriptor without its tensor, one per recorded descriptor, shared through
-    `templates`), ("mod_args",) or ("fixed", value) for other tensor-free tuples; None where
-    an argument is not what _ROLES says."""
-    templates = {} if templates is None else templates
+def _argument_plan(launch: KernelLaunch, tensor_names, call: dict) -> dict | None:
+    """name -> how a replay fills it: ("tensor", role), ("descriptor", role) (the bound launch
+    re-bases its descriptor on that tensor), ("mod_args",) or ("fixed", value) for other
+    tensor-free tuples; None where an argument is not what _ROLES says."""
     plan = {}
     for name in tensor_names:
         value = launch.args.get(name)
@@ -89,10 +85,7 @@ def _argument_plan(launch: KernelLaunch, tensor_names, call: dict,
             if (value.base.data_ptr() != view.data_ptr() or value.base.shape != view.shape
                     or value.base.stride() != view.stride()):
                 return None
-            template = templates.get(id(value))
-            if template is None:
-                template = templates[id(value)] = rebased_descriptor(value, None)
-            plan[name] = ("descriptor", role, template)
+            plan[name] = ("descriptor", role)
         elif value is call[role]:
             plan[name] = ("tensor", role)
         else:
@@ -104,12 +97,12 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
     """A replay(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, mod_args) -> (dq,
     dk, dv) of launches that have run for
     the tensors in `call` (role -> tensor), or None where one cannot be bound or mapped."""
-    steps, templates = [], {}
+    steps = []
     for launch in launches:
         bound = launch.bind()
         if bound is None:
             return None
-        plan = _argument_plan(launch, bound.tensor_names, call, templates)
+        plan = _argument_plan(launch, bound.tensor_names, call)
         if plan is None:
             return None
         steps.append((bound, plan))
@@ -121,21 +114,13 @@ def make_replay(launches: list[KernelLaunch], call: dict, deterministic: bool):
         roles = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, dlse=dlse, dq=dq, dk=dk,
                      dv=dv, delta=delta, dq_accum=dq_accum, cu_seqlens_q=cu_seqlens_q,
                      cu_seqlens_k=cu_seqlens_k)
-        descriptors = {}    # launches that shared a descriptor share its replacement
         for bound, plan in steps:
             values = {}
             for name, entry in plan.items():
-                if entry[0] == "tensor":
+                if entry[0] in ("tensor", "descriptor"):
                     values[name] = roles[entry[1]]
                 elif entry[0] == "mod_args":
                     values[name] = mod_args
-                elif entry[0] == "descriptor":
-                    template = entry[2]
-                    descriptor = descriptors.get(id(template))
-                    if descriptor is None:
-                        descriptor = descriptors[id(template)] = rebased_descriptor(
-                            template, _view(roles[entry[1]], entry[1]))
-                    values[name] = descriptor
                 else:
                     values[name] = entry[1]
             bound.run(**values)

@@ -51,7 +51,7 @@ from .sm90_consumers import Descales, Output, Rings, consumer_partition
 from .sm90_tiles import Problem
 from .. import mods
 from ..runtime import KernelLaunch
-from ..gluon_common import GL_DTYPES, rebased_descriptor, tma_ready
+from ..gluon_common import GL_DTYPES, tma_ready
 
 # Registers a thread per partition (setmaxnreg): the loader only computes coordinates, the rest
 # goes to the consumers. Ping-pong: 2 x 128 x 240 + 128 x 24 <= the SM's 64K registers.
@@ -463,9 +463,6 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
     if bound is None:
         return None
     args, constexprs = launch.args, launch.constexprs
-    # Templates without the first call's tensors (the cache would keep them alive).
-    q_desc, k_desc, v_desc = (rebased_descriptor(args[name], None)
-                              for name in ("q_desc", "k_desc", "v_desc"))
     packed = constexprs["VARLEN"]
     tile_ids, tile_starts = args["tile_ids_ptr"], args["tile_starts_ptr"]   # dense: per shape
     num_q_heads, num_m_blocks = args["num_q_heads"], args["num_m_blocks"]
@@ -487,7 +484,6 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
         # is the softcap (0: none).
         softcap = mod_args[0] if mod_args else 0.0
         if packed:
-            q, k, v, out = (x.unsqueeze(0) for x in (q, k, v, out))
             ids, starts, ends = varlen_work_lists(cu_seqlens_q, cu_seqlens_k, num_q_heads,
                                                   num_kv_heads, num_m_blocks, block_m, block_n,
                                                   causal, programs)
@@ -495,10 +491,9 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
                          cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k)
         else:
             lists = dict(tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts)
-        bound.run(q_desc=rebased_descriptor(q_desc, q.permute(0, 2, 1, 3)),
-                  k_desc=rebased_descriptor(k_desc, k.permute(0, 2, 1, 3)),
-                  v_desc=rebased_descriptor(v_desc, v.permute(0, 2, 3, 1) if fp8
-                                            else v.permute(0, 2, 1, 3)),
+        # The descriptors re-based on the new tensors (BoundLaunch; packed ones' [1, ...]
+        # views start where they do).
+        bound.run(q_desc=q, k_desc=k, v_desc=v,
                   out_ptr=out, lse_ptr=lse, **lists,
                   mod_args=mod_args if score_mod is not None else (),
                   softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,
