@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -158,6 +158,16 @@ class BoundLaunch:
                      compiled.function, compiled.packed_metadata, None, None, None, *args)
 
 
+class _DescriptorSlot(NamedTuple):
+    """How DirectLaunch fills a descriptor argument: `width` entries of the C launcher's list,
+    a CUtensorMap (fill_tma_descriptor(address, *map_fields)) then the launch's shape and
+    strides; `meta` is Triton's tensordesc metadata for descriptors given as descriptors."""
+    meta: dict
+    width: int
+    map_fields: tuple
+    shape_and_strides: list
+
+
 class DirectLaunch:
     """A bound launch's call of Triton's C launcher with the argument list built once.
 
@@ -168,9 +178,9 @@ class DirectLaunch:
     tensors and scalars, so the list is built once and a call writes its values into their
     slots, a descriptor as Triton's own make_tensordesc_arg expands it, a tensor given for a
     descriptor as the launch's descriptor re-based on it (a CUtensorMap filled for the new
-    address, the launch's shape and strides). `create` returns None
-    where the launcher is not laid out as Triton 3.6's (another Triton, scratch buffers, a
-    stand-in): BoundLaunch then takes CudaLauncher's own path."""
+    address, the launch's shape and strides). `create` returns None where the launcher is not
+    laid out as Triton 3.6's (another Triton, scratch buffers, a stand-in): BoundLaunch then
+    takes CudaLauncher's own path."""
 
     def __init__(self, raw_launch, expand, fill, template: list, slots: dict,
                  descriptors: dict):
@@ -179,9 +189,7 @@ class DirectLaunch:
         self.fill = fill                # the driver's fill_tma_descriptor
         self.template = template        # the C launcher's arguments, the stream at index 3
         self.slots = slots              # argument name -> index in template
-        # descriptor argument name -> (tensordesc meta, width, the map's fields after the
-        # address, the launch's shape and strides)
-        self.descriptors = descriptors
+        self.descriptors = descriptors  # descriptor argument name -> _DescriptorSlot
 
     @staticmethod
     def create(compiled, grid, ordered: list, names: list[str], given: frozenset):
@@ -214,17 +222,17 @@ class DirectLaunch:
                 meta = meta_at[i]
                 expanded = nvidia.make_tensordesc_arg(value, meta)
                 shape_and_strides = expanded[1:]
-                shape = list(shape_and_strides[:len(value.shape)])
-                fields = (meta["swizzle"], meta["elem_size"],
-                          nvidia.TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
-                          meta["block_size"], shape, list(value.strides),
-                          1 if value.padding == "nan" else 0)
-                descriptors[name] = (meta, len(expanded), fields, shape_and_strides)
+                map_fields = (meta["swizzle"], meta["elem_size"],
+                              nvidia.TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                              meta["block_size"], list(shape_and_strides[:len(value.shape)]),
+                              list(value.strides), 1 if value.padding == "nan" else 0)
+                descriptors[name] = _DescriptorSlot(meta, len(expanded), map_fields,
+                                                    shape_and_strides)
                 template.extend(expanded)
             else:
                 template.append(value)
         for name in given:      # the first call's tensors are not kept
-            width = descriptors[name][1] if name in descriptors else 1
+            width = descriptors[name].width if name in descriptors else 1
             template[slots[name]:slots[name] + width] = [None] * width
         fill = triton.runtime.driver.active.utils.fill_tma_descriptor
         return DirectLaunch(raw_launch, nvidia.make_tensordesc_arg, fill, template, slots,
@@ -235,18 +243,19 @@ class DirectLaunch:
         args[3] = stream
         for name, value in values.items():
             slot = self.slots[name]
-            described = self.descriptors.get(name)
-            if described is None:
+            descriptor = self.descriptors.get(name)
+            if descriptor is None:
                 args[slot] = value
                 continue
             if isinstance(value, torch.Tensor):
-                expanded = [self.fill(value.data_ptr(), *described[2]), *described[3]]
+                expanded = [self.fill(value.data_ptr(), *descriptor.map_fields),
+                            *descriptor.shape_and_strides]
             else:
-                expanded = self.expand(value, described[0])
-            if len(expanded) != described[1]:
+                expanded = self.expand(value, descriptor.meta)
+            if len(expanded) != descriptor.width:
                 raise ValueError(f"BoundLaunch.run: {name} has {len(value.shape)} dims, not "
-                                 f"the {(described[1] - 1) // 2} of its launch's descriptor")
-            args[slot:slot + described[1]] = expanded
+                                 f"the {(descriptor.width - 1) // 2} of its launch's descriptor")
+            args[slot:slot + descriptor.width] = expanded
         self.raw_launch(*args)
 
 
