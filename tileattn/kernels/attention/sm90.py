@@ -69,6 +69,9 @@ class Sm90Config:
     # The two consumer warpgroups as separate partitions taking turns at the tensor cores
     # (FA3's ping-pong) rather than one 8-warp partition that Triton keeps in lockstep.
     split: bool = False
+    # S = Q K^T takes Q from registers, read once a tile (Consumer.q_operand), not from
+    # shared memory at every wgmma; Q's buffer is then free for the next tile's Q.
+    q_in_registers: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -87,9 +90,12 @@ class Sm90Config:
 # (tests/test_sm90_cross_compile.py checks metadata.shared). Every row runs the ping-pong
 # consumers; the tile sizes and the ping-pong choice are measured (docs/design.md, "Hopper
 # forward kernel").
+# q_in_registers: the 16-bit rows at head dims 64 and 128, measured faster (Q's smem reads
+# leave every S wgmma; Q's buffer frees a tile early); at D=256 and on 192-query tiles Q's
+# registers would spill, and FP8 D=128 measured within noise (docs/design.md).
 CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(128, 3, split=True),
-    128: Sm90Config(128, 2, split=True),
+    64: Sm90Config(128, 3, split=True, q_in_registers=True),
+    128: Sm90Config(128, 2, split=True, q_in_registers=True),
     256: Sm90Config(64, 2, split=True),
 }
 
@@ -109,7 +115,7 @@ LONG_QUERY_CONFIGS: dict[int, Sm90Config] = {
 # 1k-2k queries without a mask and equal under causal, but slower on block lists
 # (docs/design.md, "Hopper forward kernel").
 SHORT_QUERY_CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(128, 2, split=True),
+    64: Sm90Config(128, 2, split=True, q_in_registers=True),
 }
 
 
@@ -204,7 +210,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -266,22 +272,22 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     loader_args = (problem, q_desc, k_desc, v_desc, rings)
     if NUM_CONSUMERS == 3:
         gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
-                                                  True)),
+                                                  True, Q_REGS)),
                             (consumer_partition, (problem, output, descales, rings, mod_args, 1,
-                                                  True)),
+                                                  True, Q_REGS)),
                             (consumer_partition, (problem, output, descales, rings, mod_args, 2,
-                                                  True)),
+                                                  True, Q_REGS)),
                             (_loader_partition, loader_args)], [4, 4, 1],
                            [THREE_CONSUMER_REGS, THREE_CONSUMER_REGS, LOADER_REGS])
     elif SPLIT:
         gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
-                                                  True)),
+                                                  True, Q_REGS)),
                             (consumer_partition, (problem, output, descales, rings, mod_args, 1,
-                                                  True)),
+                                                  True, Q_REGS)),
                             (_loader_partition, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([(consumer_partition, (problem, output, descales, rings, mod_args, 0,
-                                                  False)),
+                                                  False, Q_REGS)),
                             (_loader_partition, loader_args)], [1], [LOADER_REGS])
 
 
@@ -422,7 +428,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         SCORE_MOD=score_mod,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
-        V_KEYS_GROUPED=v_keys_grouped,
+        V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
     )
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 

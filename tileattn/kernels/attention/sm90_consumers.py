@@ -219,14 +219,17 @@ class Consumer:
     FP8: gl.constexpr            # FP8 inputs: K-major V, P in e4m3 offset by 2^P_OFFSET
     V_KEYS_GROUPED: gl.constexpr  # V's keys in grouped order: P's columns follow
     P_DTYPE: gl.constexpr
+    Q_REGS: gl.constexpr         # Q's rows read into registers once a tile (q_a_layout)
     s_layout: gl.constexpr
     o_layout: gl.constexpr
     p_layout: gl.constexpr
+    q_a_layout: gl.constexpr
     row_layout: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
-                 V_KEYS_GROUPED, P_DTYPE, s_layout, o_layout, p_layout, row_layout):
+                 V_KEYS_GROUPED, P_DTYPE, Q_REGS, s_layout, o_layout, p_layout, q_a_layout,
+                 row_layout):
         self.problem = problem
         self.rings = rings
         self.q_op = q_op
@@ -237,15 +240,18 @@ class Consumer:
         self.FP8 = gl.constexpr(FP8)
         self.V_KEYS_GROUPED = gl.constexpr(V_KEYS_GROUPED)
         self.P_DTYPE = gl.constexpr(P_DTYPE)
+        self.Q_REGS = gl.constexpr(Q_REGS)
         self.s_layout = gl.constexpr(s_layout)
         self.o_layout = gl.constexpr(o_layout)
         self.p_layout = gl.constexpr(p_layout)
+        self.q_a_layout = gl.constexpr(q_a_layout)
         self.row_layout = gl.constexpr(row_layout)
 
     @gluon.jit
-    def create(problem, rings, descales, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    def create(problem, rings, descales, HALF: gl.constexpr, PINGPONG: gl.constexpr,
+               Q_REGS: gl.constexpr):
         """Consumer HALF (0 to BLOCK_M // 64 - 1) of the ping-pong warpgroups, or the lockstep
-        one (HALF 0)."""
+        one (HALF 0); Q_REGS: S = Q K^T takes Q from registers (q_operand)."""
         ROWS: gl.constexpr = 64 if PINGPONG else problem.BLOCK_M
         NUM_WARPS: gl.constexpr = ROWS // 16
         HEAD_DIM: gl.constexpr = rings.q_smem.shape[4]
@@ -265,6 +271,8 @@ class Consumer:
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM_V, INSTR_K])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                      k_width=K_WIDTH)
+        q_a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                       k_width=K_WIDTH)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         BOX_ROWS: gl.constexpr = rings.q_smem.shape[3]
         if BOX_ROWS == ROWS:
@@ -272,7 +280,20 @@ class Consumer:
         else:
             q_op = rings.q_smem.index(0).reshape([BOX_ROWS, HEAD_DIM]).slice(HALF * ROWS, ROWS)
         return Consumer(problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
-                        descales.V_KEYS_GROUPED, P_DTYPE, s_layout, o_layout, p_layout, row_layout)
+                        descales.V_KEYS_GROUPED, P_DTYPE, Q_REGS, s_layout, o_layout, p_layout,
+                        q_a_layout, row_layout)
+
+    @gluon.jit
+    def q_operand(self):
+        """The A operand of S = Q K^T for the tile whose Q is ready: Q's shared-memory rows, or
+        with Q_REGS those rows read into registers, after which Q's buffer is released (the
+        loader may fetch the next tile's Q under this tile's whole key loop)."""
+        if self.Q_REGS:
+            q = self.q_op.load(self.q_a_layout)
+            mbarrier.arrive(self.rings.q_empty, count=1)
+        else:
+            q = self.q_op
+        return q
 
     @gluon.jit
     def wait_turn(self, turn_count):
@@ -485,7 +506,7 @@ class KeyLoop:
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
+def _key_blocks(loop, q_a, rows, tile, block_start, block_end, wg, scales, mod_args,
                 score_columns, MASKED: gl.constexpr, MASK_HOOK: gl.constexpr):
     """Steps [block_start, block_end) of the tile: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
     The loop carries P_{j-1}."""
@@ -503,7 +524,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
         mbarrier.wait(rings.k_ready.index(stage), phase)
         mbarrier.wait(rings.v_ready.index(prev_stage), prev_phase)
         turn_count = wg.wait_turn(turn_count)
-        s = warpgroup_mma(wg.q_op, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_a, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, rings.v_operand(prev_stage), acc, is_async=True)
         wg.pass_turn()
         # The mask hook's verdict before S is waited for: its loads overlap the wgmma.
@@ -527,7 +548,7 @@ def _key_blocks(loop, rows, tile, block_start, block_end, wg, scales, mod_args,
 
 
 @gluon.jit
-def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mod_args,
+def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_a, rows, tile, wg, scales, mod_args,
                  score_columns):
     """The steps of one tile (at least one), the loop carrying P; releases Q after its last
     S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
@@ -541,7 +562,7 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mo
     key_start = problem.key_start(tile, first)
     mbarrier.wait(rings.k_ready.index(stage), phase)
     turn_count = wg.wait_turn(turn_count)
-    s = warpgroup_mma(wg.q_op, rings.k_operand(stage),
+    s = warpgroup_mma(q_a, rings.k_operand(stage),
                       gl.zeros([wg.ROWS, problem.BLOCK_N], gl.float32, layout=wg.s_layout),
                       use_acc=False, is_async=True)
     wg.pass_turn()
@@ -563,17 +584,18 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mo
     # in full, then those crossing the diagonal or the sequence end (without a window or
     # block lists: the last two, from step 1).
     if problem.HAS_LEFT or LISTED:
-        loop = _key_blocks(loop, rows, tile, first + 1, gl.minimum(tile.first_full,
+        loop = _key_blocks(loop, q_a, rows, tile, first + 1, gl.minimum(tile.first_full,
                                                                    tile.num_blocks),
                            wg, scales, mod_args, score_columns, True, HOOKED)
     unmasked_from = gl.maximum(tile.first_full, first + 1)
-    loop = _key_blocks(loop, rows, tile, unmasked_from, tile.num_full, wg, scales, mod_args,
+    loop = _key_blocks(loop, q_a, rows, tile, unmasked_from, tile.num_full, wg, scales, mod_args,
                        score_columns, False, False)
-    loop = _key_blocks(loop, rows, tile, gl.maximum(tile.num_full, unmasked_from),
+    loop = _key_blocks(loop, q_a, rows, tile, gl.maximum(tile.num_full, unmasked_from),
                        tile.num_blocks, wg, scales, mod_args, score_columns, True, False)
     # Q is free once the last S is computed: the loader may fetch the next tile's Q
-    # while the last P V and the epilogue run.
-    mbarrier.arrive(rings.q_empty, count=1)
+    # while the last P V and the epilogue run (with Q_REGS, q_operand released it).
+    if not wg.Q_REGS:
+        mbarrier.arrive(rings.q_empty, count=1)
 
     # The last block's P V, alone.
     p_op = wg.pv_operand(loop.p)
@@ -678,11 +700,11 @@ def _write_out(values, tile, output, wg, layout: gl.constexpr):
 
 @gluon.jit
 def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.constexpr,
-                       PINGPONG: gl.constexpr):
+                       PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
     """Consumer HALF of the ping-pong warpgroups (PINGPONG), or the lockstep pair of
     warpgroups: every tile of this program's list, its rows of it. mod_args: the hooks'
-    tuple."""
-    wg = Consumer.create(problem, rings, descales, HALF, PINGPONG)
+    tuple; Q_REGS: Consumer.q_operand's."""
+    wg = Consumer.create(problem, rings, descales, HALF, PINGPONG, Q_REGS)
     kv_count = 0
     tile_count = 0
     turn_count = 0
@@ -701,8 +723,8 @@ def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.cons
             mbarrier.wait(rings.q_ready, tile_count & 1)
             if tile.first_block < tile.num_blocks:
                 acc, m_i, l_i, kv_count, turn_count = _attend_tile(
-                    acc, m_i, l_i, kv_count, turn_count, rows, tile, wg, scales, mod_args,
-                    wg.linear_columns(tile, mod_args))
+                    acc, m_i, l_i, kv_count, turn_count, wg.q_operand(), rows, tile, wg, scales,
+                    mod_args, wg.linear_columns(tile, mod_args))
             else:
                 mbarrier.arrive(rings.q_empty, count=1)
             _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales)
