@@ -16,6 +16,15 @@ def setv(name):
     for table, b in ((sm90.LONG_QUERY_CONFIGS, base_long), (sm90.FP8_CONFIGS, base_fp8),
                      (sm90.CONFIGS, base), (sm90.SHORT_QUERY_CONFIGS, base_short)):
         table.clear(); table.update(b)
+    if name == "s3q":
+        sm90.SHORT_QUERY_CONFIGS[64] = C(128, 3, split=True, q_in_registers=True)
+    if name == "n64q":
+        sm90.SHORT_QUERY_CONFIGS[64] = C(64, 3, split=True, q_in_registers=True)
+    if name == "n64s4q":
+        sm90.SHORT_QUERY_CONFIGS[64] = C(64, 4, split=True, q_in_registers=True)
+    if name.startswith("tail"):
+        st = 3 if name == "tail3" else 2
+        sm90.FP8_CONFIGS[128] = C(128, st, split=True, tail_n=64)
     if name == "qreg":
         for table in (sm90.CONFIGS, sm90.SHORT_QUERY_CONFIGS):
             for d in (64, 128):
@@ -62,7 +71,7 @@ def get(point):
             inputs[point] = ((q, k, v), {}, (q, k, v))
         else:
             (q8, qd), (k8, kd), (v8, vd) = (tileattn.quantize_fp8(x, torch.float8_e4m3fn) for x in (q, k, v))
-            v8 = tileattn.prepare_v(v8)
+            v8 = v8 if os.environ.get("VROW") == "1" else tileattn.prepare_v(v8)
             inputs[point] = ((q8, k8, v8), dict(q_descale=qd, k_descale=kd, v_descale=vd), (q, k, v))
     return inputs[point]
 
@@ -71,7 +80,7 @@ for p in POINTS:
     if p[3].startswith("doc"):
         docs[(p[1], p[0])] = doc_case(p[1], p[0])
 spin_up()
-rows, outs = [], {}
+rows, outs, refs = [], {}, {}
 t0 = time.time()
 for r in range(ROUNDS):
     for point in POINTS:
@@ -86,6 +95,14 @@ for r in range(ROUNDS):
             else:
                 fn = lambda: tileattn.attention(*args, causal=causal, softcap=softcap, **kw)
             o = fn().float()
+            err = None
+            if r == 0 and os.environ.get("REF") == "1" and not dt.startswith("doc"):
+                if point not in refs:
+                    qr, kr, vr = (x.transpose(1, 2).float() for x in ref)
+                    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                        refs[point] = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal).transpose(1, 2) if softcap == 0 else None
+                if refs[point] is not None:
+                    err = ((o - refs[point]).norm() / refs[point].norm()).item()
             if r == 0:
                 key = point
                 if key not in outs:
@@ -97,7 +114,7 @@ for r in range(ROUNDS):
                 diff = None
             ms = time_ms(fn)
             rows.append(dict(round=r, D=d, N=n, causal=causal, dtype=dt, softcap=softcap, impl=name, ms=ms,
-                             tflops=(fl if dt.startswith("doc") else flops(n, d, causal)) / ms / 1e9, maxdiff_vs_first=diff))
+                             tflops=(fl if dt.startswith("doc") else flops(n, d, causal)) / ms / 1e9, maxdiff_vs_first=diff, err_vs_fp32=err))
             print(rows[-1], flush=True)
         if dt.startswith("doc"):
             continue
