@@ -12,8 +12,9 @@ program's partitions:
     turns issuing GEMMs through a ring of mbarriers (FA3's ping-pong), so one's softmax runs
     under the others' GEMMs. With split=False two form one 8-warp partition, which Triton
     keeps in lockstep (a bar.sync over both warpgroups before every mbarrier arrive/wait).
-P never leaves registers: it is converted from the accumulator layout to wgmma's A-operand
-layout and fed to the second GEMM directly; the key loop carries P_j into the iteration that
+Rows with q_in_registers read each tile's Q rows into registers once (S's A operand) and free
+Q's buffer at once. P never leaves registers: it is converted from the accumulator layout to
+wgmma's A-operand layout and fed to the second GEMM directly; the key loop carries P_j into the iteration that
 issues its P V (Consumer.carried_p).
 
 16-bit inputs with V row-major, or FP8 (e4m3, e5m2) with V K-major (8-bit wgmma reads its B
@@ -53,8 +54,10 @@ from .. import mods
 from ..runtime import KernelLaunch
 from ..gluon_common import GL_DTYPES, tma_ready
 
-# Registers a thread per partition (setmaxnreg): the loader only computes coordinates, the rest
-# goes to the consumers. Ping-pong: 2 x 128 x 240 + 128 x 24 <= the SM's 64K registers.
+# Registers a thread per partition (setmaxnreg): the loader warp only computes coordinates, the
+# rest goes to the consumers. Ping-pong: the first consumer is the default partition, which takes
+# what is left (256 a thread), the second CONSUMER_REGS: 128 x 256 + 128 x 240 + 32 x 24 <= the
+# SM's 64K registers (248 fits too, measured slower: docs/design.md, "Hopper forward kernel").
 LOADER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
 # Three consumers: 3 x 128 x 160 + 128 x 24 <= 64K (the default partition gets the rest, 168).

@@ -550,8 +550,9 @@ def _key_blocks(loop, q_a, rows, tile, block_start, block_end, wg, scales, mod_a
 @gluon.jit
 def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_a, rows, tile, wg, scales, mod_args,
                  score_columns):
-    """The steps of one tile (at least one), the loop carrying P; releases Q after its last
-    S. Returns (acc, m_i, l_i, kv_count, turn_count)."""
+    """The steps of one tile (at least one), the loop carrying P, S's A operand q_a
+    (Consumer.q_operand); releases Q after its last S unless q_operand has. Returns (acc, m_i,
+    l_i, kv_count, turn_count)."""
     problem = wg.problem
     rings = wg.rings
     # Step 0 is peeled: it has no previous P V to overlap with. Masked always (cheap, once
