@@ -15,7 +15,9 @@ so q's and k's go into its scale and v's onto its output.
 
 Each call is first checked against an fp32 reference on 512 query rows (the first and last
 256, every head of sequence 0) computed from the same (quantized) inputs; a call that fails its
-check is recorded with its error and not timed. Timing: common.time_ms. FLOPs count only the
+check is recorded with its error and not timed. Timing: common.time_ms, the two implementations
+interleaved for ROUNDS rounds (common.time_interleaved); "ms" is the median of the rounds'
+medians, "ms_rounds" all of them. FLOPs count only the
 visible work (flex_peer.mask_flops: the exact mask density); the fraction of 128x128 blocks the
 BlockMask visits is recorded too. Rows: {"case", "impl" (tileattn | flex), "dtype", "N", "ms",
 "tflops", "density", "block_density", "check_error"}.
@@ -25,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 
 import torch
 
 from tileattn.bench import flex_peer, runs
-from tileattn.bench.common import device_facts, spin_up, time_ms
+from tileattn.bench.common import device_facts, spin_up, time_interleaved
 
 GRID = "mods"
 POINT_FIELDS = ("case", "dtype", "N")
@@ -39,6 +42,9 @@ DTYPES = ("bf16", "fp8e4m3")
 WINDOW, DOCUMENTS, PREFIX = 1024, 16, 2048
 CASES = ("causal", "sliding_window", "document", "prefix_lm", "alibi")
 CHECK_ROWS = 256
+# Rounds of interleaved timing a point: one reading each moved the closest ratio by a few
+# percent from run to run (docs/design.md, "Benchmarks and results").
+ROUNDS = 3
 # Relative L2 error against the fp32 reference on the same inputs (tests/conftest.py's
 # TOLERANCES, which are measured against fp64).
 CHECK_TOLERANCE = {"bf16": 8e-3, "fp8e4m3": 5e-2}
@@ -136,23 +142,22 @@ def measure(point: dict, inputs: dict, device) -> list[dict]:
                  "flex": lambda: compiled_flex(
                     *operands, score_mod=score_mod, block_mask=block_mask,
                     scale=scale * float(qd) * float(kd)).float() * float(vd)}
-    rows = []
+    rows, timed = {}, {}
     for impl, call in calls.items():
-        row = {**point, "impl": impl, "flops": flops,
-               "density": flops / (4.0 * HEAD_DIM * HEADS * BATCH * context * context),
-               "block_density": block_density}
+        row = rows[impl] = {**point, "impl": impl, "flops": flops,
+                            "density": flops / (4.0 * HEAD_DIM * HEADS * BATCH * context * context),
+                            "block_density": block_density, "tflops": None}
         try:
             got = call()[0][:, rows_checked].float()
             row["check_error"] = float((got - want).norm() / want.norm())
             if row["check_error"] <= CHECK_TOLERANCE[dtype]:
-                row["ms"] = time_ms(call)
-                row["tflops"] = flops / row["ms"] / 1e9
-            else:
-                row["tflops"] = None
+                timed[impl] = call
         except Exception as error:  # noqa: BLE001 - record and go on with the other rows
-            row.update(tflops=None, error=f"{type(error).__name__}: {str(error)[:300]}")
-        rows.append(row)
-    return rows
+            row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+    for impl, times in time_interleaved(timed, ROUNDS).items():
+        rows[impl].update(ms=statistics.median(times), ms_rounds=times,
+                          tflops=flops / statistics.median(times) / 1e9)
+    return list(rows.values())
 
 
 def format_table(rows: list[dict]) -> str:

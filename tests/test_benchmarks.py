@@ -416,12 +416,17 @@ def test_backward_rows_compare_gradients_with_the_yardstick(monkeypatch):
 def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
     mods = _load(BENCHMARKS / "flex_mods.py")
     _eager_flex(monkeypatch)
-    for name, value in dict(time_ms=_one_ms, BATCH=2, HEADS=2, HEAD_DIM=64, DOCUMENTS=3,
-                            CHECK_ROWS=16).items():
+    for name, value in dict(BATCH=2, HEADS=2, HEAD_DIM=64, DOCUMENTS=3, CHECK_ROWS=16).items():
         monkeypatch.setattr(mods, name, value)
+    timed = []
+    monkeypatch.setattr(common, "time_ms", lambda fn: timed.append(fn) or 1.0)
     inputs = mods.make_inputs(128, torch.device("cpu"))
     for case in ("document", "alibi"):
+        timed.clear()
         rows = mods.measure(dict(case=case, dtype="bf16", N=128), inputs, torch.device("cpu"))
         assert [r["impl"] for r in rows] == ["tileattn", "flex"]
         assert all(r["check_error"] <= mods.CHECK_TOLERANCE["bf16"] and r["tflops"] for r in rows)
+        # Interleaved rounds: each implementation timed ROUNDS times, the order alternating.
+        assert all(r["ms_rounds"] == [1.0] * mods.ROUNDS for r in rows)
+        assert len(timed) == 2 * mods.ROUNDS and timed[0] is timed[3] and timed[1] is timed[2]
         assert 0 < rows[0]["density"] <= 0.51

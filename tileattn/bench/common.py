@@ -42,6 +42,18 @@ def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median")
 
 
+def time_interleaved(calls: dict, rounds: int) -> dict:
+    """name -> [median milliseconds of each round] for calls timed in `rounds` rounds, the
+    order reversed every other round, so that the implementations of a point share the
+    machine's drift (clocks, neighbours) instead of one of them getting it all."""
+    names = list(calls)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            times[name].append(time_ms(calls[name]))
+    return times
+
+
 def spin_up(seconds: float = 2.0) -> None:
     """Keep the GPU busy for a while before the first timing, so that it is not taken while
     the clocks are still rising (docs/design.md, "Benchmarks and results")."""
