@@ -2,9 +2,9 @@
 results/<gpu>/backward.json (tileattn's backward beside cuDNN, FA2 and FlexAttention).
 
     python benchmarks/backward.py --quick            # D=128, N 1024/4096: ~2 min on an H100
-    python benchmarks/backward.py --head-dims 64     # a third of the full grid (~4 min), then
-    python benchmarks/backward.py --head-dims 128    #   each in its own device call (~4 min)
-    python benchmarks/backward.py --head-dims 256    #   (~4-5 min)
+    python benchmarks/backward.py --head-dims 64 --contexts 4096 16384   # a part of the grid
+                                                     # (3 timing rounds: a device call's worth)
+    python benchmarks/backward.py --head-dims 64 128 256 --contexts 1024
     python benchmarks/backward.py --merge A.json B.json C.json  # parts -> backward.json
     python benchmarks/backward.py --sweep            # candidate tile configs of the kernels
 
@@ -14,7 +14,8 @@ implementation runs through autograd from its own layout: tileattn.attention on 
 leaves (deterministic=False, and True as "tileattn-deterministic"), the peers (prefill.py's
 SDPA/cuDNN, SDPA/FA2 and compiled FlexAttention) on [B, H, N, D] leaves. Two passes are timed:
 "backward", torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward,
-and "forward+backward". TFLOP/s = 2.5 (backward) or 3.5 (forward+backward) x prefill.flops.
+and "forward+backward", the implementations interleaved over ROUNDS rounds (a point's graphs
+all alive at once). TFLOP/s = 2.5 (backward) or 3.5 (forward+backward) x prefill.flops.
 Before timing, each implementation's gradients are compared with the yardstick peer's (cuDNN,
 else FA2) on the same inputs. Rows: {"D", "causal", "N", "impl", "dtype", "pass", "ms",
 "tflops", "distance_to_yardstick"}. --sweep writes `backward-tile-sweep.json` under --out
@@ -26,11 +27,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import statistics
 
 import torch
 
 from tileattn.bench import runs
-from tileattn.bench.common import device_facts, spin_up, time_ms, write_json
+from tileattn.bench.common import device_facts, spin_up, time_interleaved, time_ms, write_json
 from tileattn.bench.prefill import BATCH, FLEX_CONTEXTS, HEADS, _flex, _sdpa, flops
 
 GRID = "backward"
@@ -44,6 +46,9 @@ PASSES = {"backward": 2.5, "forward+backward": 3.5}   # FLOPs as multiples of th
 # call may have: two bf16 backward passes, each within 1.1e-2 of fp64 (tests/conftest.py
 # GRAD_TOLERANCES), are within about 2.2e-2 of each other.
 CHECK_TOLERANCE = 3e-2
+# Rounds of interleaved timing a point and pass (common.time_interleaved: every implementation
+# once a round, the order reversed every other round); "ms" is the median, "ms_rounds" all.
+ROUNDS = 3
 
 
 def grid_points(head_dims=HEAD_DIMS, contexts=CONTEXTS) -> list[dict]:
@@ -121,7 +126,7 @@ def measure(point: dict, table: dict, device=None, flex_contexts=FLEX_CONTEXTS) 
             continue
     if yardstick is None:
         print(f"\n{point}: neither cuDNN nor FA2 ran; timings unchecked (distance null)")
-    rows = []
+    checked = {}   # impl -> (pass -> call, distance): every implementation's graph stays alive
     for impl, (heads_major, forward) in table.items():
         if impl == "flex" and context not in flex_contexts:
             continue
@@ -131,15 +136,21 @@ def measure(point: dict, table: dict, device=None, flex_contexts=FLEX_CONTEXTS) 
             if yardstick and not distance < CHECK_TOLERANCE:
                 print(f"\n{impl} {point}: gradients {distance:.3g} from the yardstick, not timed")
                 continue
-            for timed, call in calls.items():
-                ms = time_ms(call)
-                rows.append({**point, "impl": impl, "dtype": "bf16", "pass": timed, "ms": ms,
-                             "tflops": pass_flops(context, head_dim, causal, timed) / ms / 1e9,
-                             "distance_to_yardstick": distance})
+            checked[impl] = (calls, distance)
         except Exception as error:  # noqa: BLE001 - a peer that fails a shape is reported
             print(f"\n{impl} {point}: {type(error).__name__}: {str(error)[:200]}")
-        calls = None   # free this implementation's graph before the next one builds its own
-        torch.cuda.empty_cache()
+    rows = []
+    for timed in PASSES:
+        times = time_interleaved({impl: calls[timed] for impl, (calls, _) in checked.items()},
+                                 ROUNDS)
+        for impl, (_, distance) in checked.items():
+            ms = statistics.median(times[impl])
+            rows.append({**point, "impl": impl, "dtype": "bf16", "pass": timed, "ms": ms,
+                         "ms_rounds": times[impl],
+                         "tflops": pass_flops(context, head_dim, causal, timed) / ms / 1e9,
+                         "distance_to_yardstick": distance})
+    checked = None
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -171,7 +182,7 @@ def format_tables(rows: list[dict]) -> str:
 def run(args) -> None:
     device = torch.device("cuda")
     head_dims, contexts = ((QUICK["head_dims"], QUICK["contexts"]) if args.quick
-                           else (tuple(args.head_dims), CONTEXTS))
+                           else (tuple(args.head_dims), tuple(args.contexts)))
     table = implementations()
     grid = runs.GridRun(GRID, device_facts(device), grid_points(head_dims, contexts),
                         grid_points(), POINT_FIELDS, args.out, args.budget_s,
@@ -267,6 +278,8 @@ def main(argv=None) -> None:
                         help=f"D={QUICK['head_dims']}, N={QUICK['contexts']} (a partial run)")
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS),
                         choices=HEAD_DIMS, help="the part of the full grid to run")
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS),
+                        choices=CONTEXTS, help="with --head-dims, a smaller part")
     runs.add_grid_options(parser, "backward")
     parser.add_argument("--sweep", action="store_true",
                         help="time candidate tile configs instead (N 4096 and 16384)")
