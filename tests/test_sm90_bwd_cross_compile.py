@@ -68,7 +68,8 @@ for d, causal in ((128, False), (128, True), (96, True), (64, True), (64, False)
         "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
         "setmaxnreg": c.asm["ptx"].count("setmaxnreg"),
         "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc"),
-        "register_a": len(re.findall(r"wgmma\.mma_async[^;]*\}, \{", c.asm["ptx"]))}
+        "register_a": len(re.findall(r"wgmma\.mma_async[^;]*\}, \{", c.asm["ptx"])),
+        "dq_widths": sorted(set(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", c.asm["ptx"])))}
 q, k = torch.empty(2000, 4, 128, dtype=torch.bfloat16), torch.empty(2200, 2, 128, dtype=torch.bfloat16)
 lse, cu = torch.empty(4, 2000), torch.tensor([0, 1000, 2000], dtype=torch.int32)
 c = cross_compile_sm90(sm90_bwd_fused.fused_sm90_launch(
@@ -124,6 +125,13 @@ def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_al
             d = 1 << (int(name.split("-")[0][1:]) - 1).bit_length()
             kv_regs = (d, not name.endswith("full")) in sm90_bwd_fused.KV_IN_REGISTERS
             assert row["register_a"] == 2 * (8 + (2 * d // 16 if kv_regs else 0)), (name, row)
+
+    # dS K: N = D/2 a warpgroup every step, or with ALTERNATE_DQ N = D on alternate steps (at
+    # D=64 the other wgmmas are N = 64 too: a D/2 = 32-wide one is the split's dQ).
+    for name, row in compiled_all["fused"].items():
+        if name.startswith("D64-"):
+            whole = (64, not name.endswith("full")) in sm90_bwd_fused.ALTERNATE_DQ
+            assert (32 in row["dq_widths"]) != whole, (name, row)
 
 
 def test_every_row_fits_and_runs_on_wgmma_fed_by_tma(compiled):

@@ -8,8 +8,9 @@ A program owns BLOCK_N = 128 keys of one (sequence, kv head) and walks the query
         sᵀ = K Qᵀ, dPᵀ = V dOᵀ, Pᵀ = exp2(sᵀ·scale·log2 e − lse·log2 e),
         dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (dPᵀ − delta), dK += dSᵀ Q        (its 64 keys)
         dQ[:, half's columns] = dS K[:, half's columns]            (all 128 keys)
-    dSᵀ goes through shared memory (each warpgroup writes its 64 key rows, both read all of it as
-    the transposed A operand of dS K), dQ through one of two fp32 buffers;
+    or, with ALTERNATE_DQ, all of dQ = dS K on every other step (warpgroup i % 2 at step i);
+    dSᵀ goes through shared memory (each warpgroup writes its 64 key rows; dS K reads all of
+    it as its transposed A operand), dQ through one of two fp32 buffers;
   * a loader warp: K and V once, then Q, dO, lse and delta of each query tile into a ring of
     NUM_STAGES stages (ready / empty mbarriers);
   * a dQ warp: one TMA reduction (add) a query tile from the buffer the warpgroups filled into
@@ -49,6 +50,10 @@ FUSED_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
 # dPᵀ, which saves shared-memory reads (at D=128 they spill).
 PER_THREAD_RELEASE = {(128, True)}
 KV_IN_REGISTERS = {(64, False)}
+# Without a causal mask the warpgroups take turns at dQ: step i's whole dQ = dS K (N = D) is
+# computed by warpgroup i % 2, which reads dS and K once instead of each reading all of dS for
+# its half of the columns (N = D / 2); the other goes straight on to dK and the next step.
+ALTERNATE_DQ = {(64, False)}
 COMPUTE_REGS = gl.constexpr(240)
 WORKER_REGS = gl.constexpr(24)
 
@@ -59,8 +64,8 @@ class Work:
     (from start_n) it owns, the steps it walks (total = steps_per_head query tiles from first_m,
     for each head of the GQA group, head-major), where the sequence starts in the (packed)
     tensors (q_start, k_start), its lengths and bottom-right shift, the softmax scale, and
-    `zero`, a runtime 0 (see `kept`). PER_THREAD_RELEASE and KV_REGS: the options of
-    PER_THREAD_RELEASE and KV_IN_REGISTERS."""
+    `zero`, a runtime 0 (see `kept`). PER_THREAD_RELEASE, KV_REGS and ALT_DQ: the options of
+    PER_THREAD_RELEASE, KV_IN_REGISTERS and ALTERNATE_DQ."""
     batch: Scalar
     kv_head: Scalar
     start_n: Scalar
@@ -80,11 +85,12 @@ class Work:
     VARLEN: gl.constexpr
     PER_THREAD_RELEASE: gl.constexpr
     KV_REGS: gl.constexpr
+    ALT_DQ: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size,
                  seqlen_q, seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2,
-                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE, KV_REGS):
+                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE, KV_REGS, ALT_DQ):
         self.batch = scalar(batch)
         self.kv_head = scalar(kv_head)
         self.start_n = scalar(start_n)
@@ -104,6 +110,7 @@ class Work:
         self.VARLEN = gl.constexpr(VARLEN)
         self.PER_THREAD_RELEASE = gl.constexpr(PER_THREAD_RELEASE)
         self.KV_REGS = gl.constexpr(KV_REGS)
+        self.ALT_DQ = gl.constexpr(ALT_DQ)
 
     @gluon.jit
     def step_coords(self, i, BLOCK_M: gl.constexpr):
@@ -155,10 +162,10 @@ class Rings:
 
     @gluon.jit
     def allocate(q_desc, k_desc, v_desc, do_desc, dq_desc, NUM_STAGES: gl.constexpr,
-                 PER_THREAD_RELEASE: gl.constexpr):
+                 PER_THREAD_RELEASE: gl.constexpr, ALT_DQ: gl.constexpr):
         """Allocate and initialise. The compute warpgroups' "done reading" barriers (empty,
         ds_free) take an arrival from each warpgroup, or with PER_THREAD_RELEASE from each of
-        their threads."""
+        their threads; with ALT_DQ dSᵀ has one reader a step and a dQ buffer one writer."""
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
         dtype: gl.constexpr = q_desc.dtype
@@ -190,11 +197,11 @@ class Rings:
         ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(ds_ready.index(0), count=2)
-        mbarrier.init(ds_free.index(0), count=RELEASES)
+        mbarrier.init(ds_free.index(0), count=RELEASES // 2 if ALT_DQ else RELEASES)
         dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_empty = _barriers(2)
         for b in gl.static_range(2):
-            mbarrier.init(dq_full.index(b), count=2)
+            mbarrier.init(dq_full.index(b), count=1 if ALT_DQ else 2)
         return Rings(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
                      kv_ready, ready, empty, ds_ready, ds_free, dq_full, dq_empty)
 
@@ -327,13 +334,17 @@ def _dq_partition(work, rings, dq_desc):
 
 @gluon.jit
 def _hand_dq(dq, rings, i, HALF: gl.constexpr):
-    """Step i's dQ columns of warpgroup HALF into dQ buffer i % 2 for the dQ warp."""
+    """Step i's dQ columns of warpgroup HALF (all of them when dq is D wide: ALT_DQ) into dQ
+    buffer i % 2 for the dQ warp."""
     BLOCK_M: gl.constexpr = rings.dq_smem.shape[3]
     D: gl.constexpr = rings.dq_smem.shape[4]
     buffer = i % 2
     mbarrier.wait(rings.dq_empty.index(buffer), ((i // 2) & 1) ^ 1)
-    rings.dq_smem.index(buffer).reshape([BLOCK_M, D]).slice(HALF * (D // 2), D // 2,
-                                                            dim=1).store(dq)
+    tile = rings.dq_smem.index(buffer).reshape([BLOCK_M, D])
+    if dq.shape[1] == D:
+        tile.store(dq)
+    else:
+        tile.slice(HALF * (D // 2), D // 2, dim=1).store(dq)
     fence_async_shared()
     mbarrier.arrive(rings.dq_full.index(buffer), count=1)
 
@@ -365,6 +376,7 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
     keys = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=dq_layout)
+    dq_whole_zero = gl.zeros([BLOCK_M, D], gl.float32, layout=dk_layout)
     dk = gl.zeros([ROWS, D], gl.float32, layout=dk_layout)
     dv = gl.zeros([ROWS, DV], gl.float32, layout=dv_layout)
     mbarrier.wait(rings.kv_ready.index(0), 0)
@@ -425,13 +437,26 @@ def _compute_partition(work, rings, grads, HALF: gl.constexpr):
         # Groups retire in order: one in flight (dV) means dPᵀ is done.
         dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
         ds_t = (p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype)
-        # dSᵀ's buffer: both warpgroups' dS K of the last step have read it.
+        # dSᵀ's buffer: the last step's dS K (both warpgroups', or ALT_DQ's one) has read it.
         mbarrier.wait(rings.ds_free.index(0), (i & 1) ^ 1)
         ds_rows.store(ds_t)
         fence_async_shared()
         mbarrier.arrive(rings.ds_ready.index(0), count=1)
         dk_operand = gl.convert_layout(ds_t, _a_operand_layout(dk_layout, dtype))
-        if work.CAUSAL:
+        if work.ALT_DQ:
+            # dQ in turns: this warpgroup's steps compute all of dQ, under which dK runs; on
+            # the other's steps it needs no dSᵀ of the other warpgroup.
+            dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
+            if (i & 1) == HALF:
+                mbarrier.wait(rings.ds_ready.index(0), i & 1)
+                dq = warpgroup_mma(ds_tile.permute((1, 0)), k_tile, dq_whole_zero,
+                                   use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=(dq,))
+                release(rings.ds_free.index(0), work.PER_THREAD_RELEASE)
+                _hand_dq(dq, rings, i, HALF)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+            release(rings.empty.index(stage), work.PER_THREAD_RELEASE)
+        elif work.CAUSAL:
             # Under a causal mask dK goes first and runs while this warpgroup waits for the
             # other's dSᵀ; without one, dQ first measured faster (docs/design.md, "Backward").
             dk = warpgroup_mma(dk_operand, q_op, dk, is_async=True)
@@ -473,7 +498,7 @@ def attention_bwd_fused_sm90_kernel(
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, total_q, total_k,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
     NUM_STAGES: gl.constexpr, VARLEN: gl.constexpr, PER_THREAD_RELEASE: gl.constexpr,
-    KV_REGS: gl.constexpr,
+    KV_REGS: gl.constexpr, ALT_DQ: gl.constexpr,
 ):
     """Grid (key blocks of BLOCK_N, num_kv_heads, batch); 4 warps (a compute warpgroup) plus
     the workers.
@@ -515,9 +540,9 @@ def attention_bwd_fused_sm90_kernel(
 
     work = Work(batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size, seqlen_q,
                 seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2, zero, CAUSAL,
-                VARLEN, PER_THREAD_RELEASE, KV_REGS)
+                VARLEN, PER_THREAD_RELEASE, KV_REGS, ALT_DQ)
     rings = Rings.allocate(q_desc, k_desc, v_desc, do_desc, dq_desc, NUM_STAGES,
-                           PER_THREAD_RELEASE)
+                           PER_THREAD_RELEASE, ALT_DQ)
     grads = Grads(dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
                   stride_dvh, HEAD_DIM, HEAD_DIM_V)
     # The first compute warpgroup is the default partition: a worker partition of 4 warps gets
@@ -583,6 +608,7 @@ def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bo
     constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
                       NUM_STAGES=num_stages, VARLEN=packed,
                       PER_THREAD_RELEASE=(dim, causal) in PER_THREAD_RELEASE,
-                      KV_REGS=(dim, causal) in KV_IN_REGISTERS)
+                      KV_REGS=(dim, causal) in KV_IN_REGISTERS,
+                      ALT_DQ=(dim, causal) in ALTERNATE_DQ)
     grid = (-(-seqlen_k // block_n), k.shape[2], batch)
     return KernelLaunch(attention_bwd_fused_sm90_kernel, grid, args, constexprs, 4, 1)
