@@ -93,12 +93,14 @@ def hopper_cases() -> None:
                            return_lse=True)
         lengths = [3, 0, 150, 41, 300]
         cu = _cu_seqlens(lengths)
-        q, k, v = (torch.randn(sum(lengths), h, 128, device="cuda", dtype=torch.bfloat16,
-                               requires_grad=True) for h in (8, 2, 2))
-        for causal in (False, True):
-            out = tileattn.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths),
-                                            causal=causal, return_lse=True)[0]
-            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        # Packed backward at both fused head dims (64 without a mask: dQ in turns).
+        for dim in (64, 128):
+            q, k, v = (torch.randn(sum(lengths), h, dim, device="cuda", dtype=torch.bfloat16,
+                                   requires_grad=True) for h in (8, 2, 2))
+            for causal in (False, True):
+                out = tileattn.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths),
+                                                causal=causal, return_lse=True)[0]
+                torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
         # Dense backward: seqlen_q 332 (a multiple of 4, the fused kernel's lse rows) and 333.
         for dim, seqlen_q, causal, deterministic in (
                 (64, 332, False, False), (64, 332, True, False), (128, 332, False, False),
