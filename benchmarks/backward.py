@@ -18,7 +18,7 @@ and "forward+backward", the implementations interleaved over ROUNDS rounds (a po
 all alive at once). TFLOP/s = 2.5 (backward) or 3.5 (forward+backward) x prefill.flops.
 Before timing, each implementation's gradients are compared with the yardstick peer's (cuDNN,
 else FA2) on the same inputs. Rows: {"D", "causal", "N", "impl", "dtype", "pass", "ms",
-"tflops", "distance_to_yardstick"}. --sweep writes `backward-tile-sweep.json` under --out
+"ms_rounds", "tflops", "distance_to_yardstick"}. --sweep writes `backward-tile-sweep.json` under --out
 (default $OUT): evidence for the config tables of tileattn/kernels/attention/bwd.py.
 """
 

@@ -20,7 +20,7 @@ interleaved for ROUNDS rounds (common.time_interleaved); "ms" is the median of t
 medians, "ms_rounds" all of them. FLOPs count only the
 visible work (flex_peer.mask_flops: the exact mask density); the fraction of 128x128 blocks the
 BlockMask visits is recorded too. Rows: {"case", "impl" (tileattn | flex), "dtype", "N", "ms",
-"tflops", "density", "block_density", "check_error"}.
+"ms_rounds", "tflops", "density", "block_density", "check_error"}.
 """
 
 from __future__ import annotations
