@@ -14,12 +14,13 @@ implementation runs through autograd from its own layout: tileattn.attention on 
 leaves (deterministic=False, and True as "tileattn-deterministic"), the peers (prefill.py's
 SDPA/cuDNN, SDPA/FA2 and compiled FlexAttention) on [B, H, N, D] leaves. Two passes are timed:
 "backward", torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward,
-and "forward+backward", the implementations interleaved over ROUNDS rounds (a point's graphs
-all alive at once). TFLOP/s = 2.5 (backward) or 3.5 (forward+backward) x prefill.flops.
-Before timing, each implementation's gradients are compared with the yardstick peer's (cuDNN,
-else FA2) on the same inputs. Rows: {"D", "causal", "N", "impl", "dtype", "pass", "ms",
-"ms_rounds", "tflops", "distance_to_yardstick"}. --sweep writes `backward-tile-sweep.json` under --out
-(default $OUT): evidence for the config tables of tileattn/kernels/attention/bwd.py.
+and "forward+backward", the implementations interleaved over common.ROUNDS rounds (a
+point's graphs all alive at once); "ms" is the median, "ms_rounds" every round. TFLOP/s = 2.5
+(backward) or 3.5 (forward+backward) x prefill.flops. Before timing, each implementation's
+gradients are compared with the yardstick peer's (cuDNN, else FA2) on the same inputs. Rows:
+{"D", "causal", "N", "impl", "dtype", "pass", "ms", "ms_rounds", "tflops",
+"distance_to_yardstick"}. --sweep writes `backward-tile-sweep.json` under --out (default $OUT):
+evidence for the config tables of tileattn/kernels/attention/bwd.py.
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ PASSES = {"backward": 2.5, "forward+backward": 3.5}   # FLOPs as multiples of th
 # call may have: two bf16 backward passes, each within 1.1e-2 of fp64 (tests/conftest.py
 # GRAD_TOLERANCES), are within about 2.2e-2 of each other.
 CHECK_TOLERANCE = 3e-2
-# Rounds of interleaved timing a point and pass (common.time_interleaved: every implementation
-# once a round, the order reversed every other round); "ms" is the median, "ms_rounds" all.
-ROUNDS = 3
 
 
 def grid_points(head_dims=HEAD_DIMS, contexts=CONTEXTS) -> list[dict]:
@@ -141,8 +139,7 @@ def measure(point: dict, table: dict, device=None, flex_contexts=FLEX_CONTEXTS) 
             print(f"\n{impl} {point}: {type(error).__name__}: {str(error)[:200]}")
     rows = []
     for timed in PASSES:
-        times = time_interleaved({impl: calls[timed] for impl, (calls, _) in checked.items()},
-                                 ROUNDS)
+        times = time_interleaved({impl: calls[timed] for impl, (calls, _) in checked.items()})
         for impl, (_, distance) in checked.items():
             ms = statistics.median(times[impl])
             rows.append({**point, "impl": impl, "dtype": "bf16", "pass": timed, "ms": ms,

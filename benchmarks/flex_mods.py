@@ -16,7 +16,7 @@ so q's and k's go into its scale and v's onto its output.
 Each call is first checked against an fp32 reference on 512 query rows (the first and last
 256, every head of sequence 0) computed from the same (quantized) inputs; a call that fails its
 check is recorded with its error and not timed. Timing: common.time_ms, the two implementations
-interleaved for ROUNDS rounds (common.time_interleaved); "ms" is the median of the rounds'
+interleaved for common.ROUNDS rounds (common.time_interleaved); "ms" is the median of the rounds'
 medians, "ms_rounds" all of them. FLOPs count only the
 visible work (flex_peer.mask_flops: the exact mask density); the fraction of 128x128 blocks the
 BlockMask visits is recorded too. Rows: {"case", "impl" (tileattn | flex), "dtype", "N", "ms",
@@ -42,9 +42,6 @@ DTYPES = ("bf16", "fp8e4m3")
 WINDOW, DOCUMENTS, PREFIX = 1024, 16, 2048
 CASES = ("causal", "sliding_window", "document", "prefix_lm", "alibi")
 CHECK_ROWS = 256
-# Rounds of interleaved timing a point: one reading each moved the closest ratio by a few
-# percent from run to run (docs/design.md, "Benchmarks and results").
-ROUNDS = 3
 # Relative L2 error against the fp32 reference on the same inputs (tests/conftest.py's
 # TOLERANCES, which are measured against fp64).
 CHECK_TOLERANCE = {"bf16": 8e-3, "fp8e4m3": 5e-2}
@@ -154,7 +151,7 @@ def measure(point: dict, inputs: dict, device) -> list[dict]:
                 timed[impl] = call
         except Exception as error:  # noqa: BLE001 - record and go on with the other rows
             row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-    for impl, times in time_interleaved(timed, ROUNDS).items():
+    for impl, times in time_interleaved(timed).items():
         rows[impl].update(ms=statistics.median(times), ms_rounds=times,
                           tflops=flops / statistics.median(times) / 1e9)
     return list(rows.values())

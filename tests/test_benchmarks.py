@@ -412,7 +412,7 @@ def test_backward_rows_compare_gradients_with_the_yardstick(monkeypatch):
         (i, p) for i in table for p in ("backward", "forward+backward")}
     assert all(r["distance_to_yardstick"] < backward.CHECK_TOLERANCE for r in rows)
     assert max(r["distance_to_yardstick"] for r in rows) > 0   # tileattn's own gradients
-    assert all(len(r["ms_rounds"]) == backward.ROUNDS for r in rows)
+    assert all(len(r["ms_rounds"]) == common.ROUNDS for r in rows)
 
 
 def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
@@ -429,6 +429,6 @@ def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
         assert [r["impl"] for r in rows] == ["tileattn", "flex"]
         assert all(r["check_error"] <= mods.CHECK_TOLERANCE["bf16"] and r["tflops"] for r in rows)
         # Interleaved rounds: each implementation timed ROUNDS times, the order alternating.
-        assert all(r["ms_rounds"] == [1.0] * mods.ROUNDS for r in rows)
-        assert len(timed) == 2 * mods.ROUNDS and timed[0] is timed[3] and timed[1] is timed[2]
+        assert all(r["ms_rounds"] == [1.0] * common.ROUNDS for r in rows)
+        assert len(timed) == 2 * common.ROUNDS and timed[0] is timed[3] and timed[1] is timed[2]
         assert 0 < rows[0]["density"] <= 0.51

@@ -69,7 +69,8 @@ for d, causal in ((128, False), (128, True), (96, True), (64, True), (64, False)
         "setmaxnreg": c.asm["ptx"].count("setmaxnreg"),
         "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc"),
         "register_a": len(re.findall(r"wgmma\.mma_async[^;]*\}, \{", c.asm["ptx"])),
-        "dq_widths": sorted(set(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", c.asm["ptx"])))}
+        "dq_widths": sorted({int(n) for n in re.findall(
+            r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", c.asm["ptx"])})}
 q, k = torch.empty(2000, 4, 128, dtype=torch.bfloat16), torch.empty(2200, 2, 128, dtype=torch.bfloat16)
 lse, cu = torch.empty(4, 2000), torch.tensor([0, 1000, 2000], dtype=torch.int32)
 c = cross_compile_sm90(sm90_bwd_fused.fused_sm90_launch(

@@ -42,7 +42,13 @@ def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=100, rep=400, return_mode="median")
 
 
-def time_interleaved(calls: dict, rounds: int) -> dict:
+# Rounds of interleaved timing a grid point: the H100 here is power-bound, and one reading an
+# implementation moved the closest ratios 3-6% between runs (docs/design.md, "Benchmarks and
+# results").
+ROUNDS = 3
+
+
+def time_interleaved(calls: dict, rounds: int = ROUNDS) -> dict:
     """name -> [median milliseconds of each round] for calls timed in `rounds` rounds, the
     order reversed every other round, so that the implementations of a point share the
     machine's drift (clocks, neighbours) instead of one of them getting it all."""
