@@ -93,7 +93,9 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
             "q_in_registers": config.q_in_registers,
             "split": config.split, "block_m": config.block_m, "tanh": sass.count("MUFU.TANH"),
             "key_loops": len(key_loops(sass)),
-            "wide_stores": sass.count("STG.E.128")}
+            "wide_stores": sass.count("STG.E.128"), "tma_stores": sass.count("UTMASTG"),
+            "consumers": config.block_m // 64 if config.split else 1,
+            "padded_dim_v": max(16, 1 << (head_dim_v - 1).bit_length())}
 
 def label(causal, split=None):
     return ("causal" if causal else "full") + ("" if split is None else
@@ -242,9 +244,18 @@ def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma(compiled):
     for name, row in rows.items():
         _fits_and_runs_on_wgmma_tma(name, row, **TILE_SCALARS)
         assert row["local_in_key_loops"] == 0, (name, row)
-        # The epilogue stores O in 16-byte pieces (Output.WIDE_STORE), not the accumulator
-        # layout's 4-byte ones.
-        assert row["wide_stores"] > 0, (name, row)
+        _stores_o_whole(name, row)
+
+
+def _stores_o_whole(name, row):
+    """These dense calls (1024 keys) store O by TMA, one copy a consumer partition
+    (Output.TMA_STORE), on two-consumer rows whose padded head dim allows; otherwise in 16-byte pieces
+    (Output.WIDE_STORE), not the accumulator layout's 4-byte ones."""
+    from tileattn.kernels.attention import sm90
+    if row["split"] and row["block_m"] == 128 and row["padded_dim_v"] <= sm90.TMA_STORE_MAX_DIM:
+        assert row["tma_stores"] == row["consumers"] and row["wide_stores"] == 0, (name, row)
+    else:
+        assert row["wide_stores"] > 0 and row["tma_stores"] == 0, (name, row)
 
 
 def test_q_in_registers_rows_feed_every_key_loop_wgmma_from_registers(compiled):
@@ -275,7 +286,7 @@ def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
         assert row["block_m"] == 192 and row["split"], (name, row)
         _fits_and_runs_on_wgmma_tma(name, row, stack=32, local=28)
         assert row["local_in_key_loops"] == 0, (name, row)
-        assert row["wide_stores"] > 0, (name, row)
+        _stores_o_whole(name, row)
     assert rows["bf16-D64-causal-long"]["key_loops"] == 3 * two_consumers["key_loops"] // 2
 
 
@@ -284,7 +295,8 @@ def test_short_dense_call_rows_compile_fit_and_do_not_spill(compiled):
     assert len(rows) == 2
     for name, row in rows.items():
         _fits_and_runs_on_wgmma_tma(name, row, **TILE_SCALARS)
-        assert row["local_in_key_loops"] == 0 and row["wide_stores"] > 0, (name, row)
+        assert row["local_in_key_loops"] == 0, (name, row)
+        _stores_o_whole(name, row)
 
 
 def test_dense_calls_take_the_long_and_short_rows_where_there_is_one():
@@ -334,7 +346,7 @@ def test_fp8_compiles_fits_and_grouped_v_keys_leave_p_unshuffled(compiled):
         stack, local = (96, 64) if "-D256-" in name else (0, 0)
         _fits_and_runs_on_wgmma_tma(name, row, stack=stack, local=local)
         assert row["local_in_key_loops"] == 0, (name, row)
-        assert row["wide_stores"] > 0, (name, row)
+        _stores_o_whole(name, row)      # O is bf16
         if name.endswith("grouped"):
             assert row["shfl_per_key_loop"] and set(row["shfl_per_key_loop"]) == {8}, (name, row)
     natural = rows["e4m3-D128-full-natural"]["shfl_per_key_loop"]
@@ -387,3 +399,31 @@ def test_varlen_compiles_fits_and_does_not_spill(compiled):
         assert row["shared"] <= 227 * 1024 and row["wgmma"] > 0 and row["tma"] > 0, (name, row)
         assert row["stack"] <= TILE_SCALARS["stack"], (name, row)
         assert row["local_in_key_loops"] == 0, (name, row)
+
+
+def test_o_leaves_by_tma_on_short_dense_16_bit_calls_only():
+    """Output.TMA_STORE's descriptor (sm90._out_descriptor): dense calls of at most
+    TMA_STORE_MAX_KEYS keys, 16-bit out, two-consumer rows, padded head dims up to
+    TMA_STORE_MAX_DIM, strides TMA can take; every other call stores from registers."""
+    import torch
+    from tileattn.kernels.attention import sm90
+
+    def o_desc(head_dim=128, seqlen_k=1024, out_dtype=torch.bfloat16, out=None, queries=1000):
+        q = torch.empty(2, queries, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
+        out = torch.empty(2, queries, 4, head_dim, dtype=out_dtype) if out is None else out
+        launch = sm90.attention_sm90_launch(q, k, k, out, None, 0.1, True, num_programs=132)
+        return launch.args["o_desc"]
+
+    limit = sm90.TMA_STORE_MAX_KEYS
+    desc = o_desc()
+    assert desc is not None and list(desc.block_shape) == [1, 1, 64, 128]
+    assert list(desc.shape) == [2, 4, 1000, 128]          # rows and columns past out clip
+    assert o_desc(head_dim=96) is not None                # padded to 128; stores clip at 96
+    assert o_desc(seqlen_k=limit) is not None and o_desc(seqlen_k=limit + 1) is None
+    assert o_desc(out_dtype=torch.float32) is None
+    assert o_desc(head_dim=256) is None
+    assert o_desc(queries=sm90.LONG_QUERIES, head_dim=64) is None   # three consumers
+    # A head stride TMA cannot take (not a multiple of 16 bytes).
+    odd = torch.empty(2, 1000, 4 * 128 + 1, dtype=torch.bfloat16)[..., :512].view(2, 1000, 4, 128)
+    assert o_desc(out=odd) is None

@@ -61,6 +61,12 @@ from ..gluon_common import GL_DTYPES, tma_ready
 LOADER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
 # Three consumers: 3 x 128 x 160 + 128 x 24 <= 64K (the default partition gets the rest, 168).
+# O leaves by TMA (Output.TMA_STORE) on dense calls of at most TMA_STORE_MAX_KEYS keys, where
+# a tile's epilogue is a fair share of its work (measured faster there, within noise to 2%
+# slower on long calls), and where a 64-row buffer a consumer fits beside the rings: head dims
+# padded to at most TMA_STORE_MAX_DIM.
+TMA_STORE_MAX_KEYS = 4096
+TMA_STORE_MAX_DIM = 128
 THREE_CONSUMER_REGS = gl.constexpr(160)
 
 
@@ -213,7 +219,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr):
+                          V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr, o_desc):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -244,7 +250,9 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ();
     SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem). WIDE_STORE: 16-bit out,
-    stored in 16-byte rows through shared memory (Output).
+    stored in 16-byte rows through shared memory (Output); o_desc (or None): out as
+    [batch, num_q_heads, seqlen_q, OUT_DIM] in boxes [1, 1, 64, padded OUT_DIM] for Output's
+    TMA stores.
     VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1], program p's tiles ending at
     tile_ends[p] (int32 [programs]; scheduler.varlen_work_lists): q, k, v descriptors of batch 1
     over [total, heads, head dim], out [total_q, num_q_heads, OUT_DIM] (stride_ob 0), lse
@@ -255,15 +263,21 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
                       cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
                       KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
-    output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
-                    RETURN_LSE, WIDE_STORE)
+    # SPLIT: the consumer warpgroups are separate partitions, each releasing every buffer.
+    NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64 if SPLIT else 1
+    if o_desc is not None:
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape,
+                                           o_desc.layout)
+        output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h,
+                        OUT_DIM, RETURN_LSE, WIDE_STORE, o_desc, o_smem)
+    else:
+        output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h,
+                        OUT_DIM, RETURN_LSE, WIDE_STORE)
     descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
                         stride_q_descale_h, stride_q_descale_t, stride_k_descale_b,
                         stride_k_descale_h, stride_k_descale_t, stride_v_descale_b,
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
-    # SPLIT: the consumer warpgroups are separate partitions, each releasing every buffer.
-    NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64 if SPLIT else 1
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, NUM_CONSUMERS,
                            BLOCK_M // q_desc.block_type.shape[2])
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
@@ -433,7 +447,22 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
     )
+    args["o_desc"] = (_out_descriptor(out, dim_v, config)
+                      if sequences is None and seqlen_k <= TMA_STORE_MAX_KEYS else None)
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
+
+
+def _out_descriptor(out: torch.Tensor, dim_v: int, config: Sm90Config):
+    """TMA view of a dense out [batch, seqlen_q, heads, head dim] for Output's TMA stores: 16-bit
+    out, two 64-row consumers (three, at 160 registers, would spill more per-tile scalars;
+    unmeasured), head dims padded to at most TMA_STORE_MAX_DIM, strides and address TMA can
+    take; else None (Output's register stores)."""
+    if (out.element_size() != 2 or not config.split or config.block_m != 128
+            or dim_v > TMA_STORE_MAX_DIM
+            or out.stride(3) != 1 or out.data_ptr() % 16
+            or any(out.stride(i) * 2 % 16 for i in range(3))):
+        return None
+    return _descriptor(out.permute(0, 2, 1, 3), [1, 1, 64, dim_v])
 
 
 def _v_descriptor(v: torch.Tensor, block_n: int, dim_v: int,
@@ -479,6 +508,9 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
     block_m, block_n, causal = constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["CAUSAL"]
     programs = launch.grid[0]
     fp8 = args["q_descale_ptr"] is not None
+    # Output's TMA stores: their descriptor re-based on each call's out (the signature fixes
+    # its strides and alignment).
+    stores = args["o_desc"] is not None
 
     def descale_ptrs(q_descale, k_descale, v_descale):
         # The signature fixes the descales' strides; FP8 calls pass every descale.
@@ -502,7 +534,7 @@ def bind_attention(launch: KernelLaunch, score_mod=None):
             lists = dict(tile_ids_ptr=tile_ids, tile_starts_ptr=tile_starts)
         # The descriptors re-based on the new tensors (BoundLaunch; packed ones' [1, ...]
         # views start where they do).
-        bound.run(q_desc=q, k_desc=k, v_desc=v,
+        bound.run(q_desc=q, k_desc=k, v_desc=v, **({"o_desc": out} if stores else {}),
                   out_ptr=out, lse_ptr=lse, **lists,
                   mod_args=mod_args if score_mod is not None else (),
                   softmax_scale_log2=(softcap if softcap > 0 else softmax_scale) * LOG2_E,

@@ -14,7 +14,7 @@ annotations at compile time, so the annotations must be classes, not strings.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
 from ..gluon_common import Scalar, online_softmax, release, scalar
@@ -620,7 +620,10 @@ class Output:
     packed [heads, total_q]: a head's row lse_stride_h long). WIDE_STORE (16-bit out): O goes
     through shared memory into 16-byte row pieces a thread; the accumulator's own layout stores
     4 bytes at a time, and those stores held the epilogue up (docs/design.md, "Hopper forward
-    kernel")."""
+    kernel"). TMA_STORE (dense 16-bit out of a 64-row consumer): O goes into o_smem (a buffer a
+    consumer) and out by a TMA copy that the consumer does not wait for until its next tile's
+    epilogue; o_desc views out as [batch, heads, seqlen_q, OUT_DIM] in 64-row boxes (else both
+    are None)."""
     out_ptr: gl.tensor
     stride_ob: Scalar
     stride_os: Scalar
@@ -630,10 +633,13 @@ class Output:
     OUT_DIM: gl.constexpr
     RETURN_LSE: gl.constexpr
     WIDE_STORE: gl.constexpr
+    o_desc: tma.tensor_descriptor | gl.constexpr
+    o_smem: gl.shared_memory_descriptor | gl.constexpr
+    TMA_STORE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
-                 RETURN_LSE, WIDE_STORE):
+                 RETURN_LSE, WIDE_STORE, o_desc=None, o_smem=None):
         self.out_ptr = out_ptr
         self.stride_ob = scalar(stride_ob)
         self.stride_os = scalar(stride_os)
@@ -643,6 +649,9 @@ class Output:
         self.OUT_DIM = gl.constexpr(OUT_DIM)
         self.RETURN_LSE = gl.constexpr(RETURN_LSE)
         self.WIDE_STORE = gl.constexpr(WIDE_STORE)
+        self.TMA_STORE = gl.constexpr(o_smem is not None)
+        self.o_desc = o_desc if self.TMA_STORE else gl.constexpr(None)
+        self.o_smem = o_smem if self.TMA_STORE else gl.constexpr(None)
 
 
 @gluon.jit
@@ -658,7 +667,17 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales):
     else:
         acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
     values = acc.to(output.out_ptr.dtype.element_ty)
-    if output.WIDE_STORE:
+    if output.TMA_STORE:
+        buffer = output.o_smem.index(wg.HALF)
+        # This consumer's previous tile has left the buffer.
+        tma.store_wait(0)
+        gl.thread_barrier()
+        buffer.reshape([wg.ROWS, wg.HEAD_DIM_V]).store(values)
+        fence_async_shared()
+        gl.thread_barrier()
+        row = tile.m_block * problem.BLOCK_M + wg.HALF * wg.ROWS
+        tma.async_copy_shared_to_global(output.o_desc, [tile.batch, tile.head, row, 0], buffer)
+    elif output.WIDE_STORE:
         # The accumulator's thread holds 2 adjacent columns in 8; 8 adjacent ones here.
         # wgmma gives each warp 16 of the partition's rows: ROWS // 16 warps.
         COLUMN_THREADS: gl.constexpr = wg.HEAD_DIM_V // 8
@@ -730,3 +749,5 @@ def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.cons
                 mbarrier.arrive(rings.q_empty, count=1)
             _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales)
             tile_count += 1
+    if output.TMA_STORE:
+        tma.store_wait(0)
