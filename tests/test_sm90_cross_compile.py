@@ -249,10 +249,11 @@ def test_every_sm90_config_compiles_fits_and_uses_wgmma_tma(compiled):
 
 def _stores_o_whole(name, row):
     """These dense calls (1024 keys) store O by TMA, one copy a consumer partition
-    (Output.TMA_STORE), on two-consumer rows whose padded head dim allows; otherwise in 16-byte pieces
-    (Output.WIDE_STORE), not the accumulator layout's 4-byte ones."""
+    (Output.TMA_STORE), on two-consumer rows whose padded head dim allows; otherwise in
+    16-byte pieces (Output.WIDE_STORE), not the accumulator layout's 4-byte ones."""
     from tileattn.kernels.attention import sm90
-    if row["split"] and row["block_m"] == 128 and row["padded_dim_v"] <= sm90.TMA_STORE_MAX_DIM:
+    two_consumers = row["split"] and row["block_m"] == 128
+    if two_consumers and row["padded_dim_v"] <= sm90.TMA_STORE_MAX_DIM:
         assert row["tma_stores"] == row["consumers"] and row["wide_stores"] == 0, (name, row)
     else:
         assert row["wide_stores"] > 0 and row["tma_stores"] == 0, (name, row)

@@ -61,13 +61,13 @@ from ..gluon_common import GL_DTYPES, tma_ready
 LOADER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
 # Three consumers: 3 x 128 x 160 + 128 x 24 <= 64K (the default partition gets the rest, 168).
+THREE_CONSUMER_REGS = gl.constexpr(160)
 # O leaves by TMA (Output.TMA_STORE) on dense calls of at most TMA_STORE_MAX_KEYS keys, where
 # a tile's epilogue is a fair share of its work (measured faster there, within noise to 2%
 # slower on long calls), and where a 64-row buffer a consumer fits beside the rings: head dims
-# padded to at most TMA_STORE_MAX_DIM.
+# padded to at most TMA_STORE_MAX_DIM (docs/design.md, "Hopper forward kernel").
 TMA_STORE_MAX_KEYS = 4096
 TMA_STORE_MAX_DIM = 128
-THREE_CONSUMER_REGS = gl.constexpr(160)
 
 
 @dataclass(frozen=True)
@@ -460,7 +460,7 @@ def _out_descriptor(out: torch.Tensor, dim_v: int, config: Sm90Config):
     if (out.element_size() != 2 or not config.split or config.block_m != 128
             or dim_v > TMA_STORE_MAX_DIM
             or out.stride(3) != 1 or out.data_ptr() % 16
-            or any(out.stride(i) * 2 % 16 for i in range(3))):
+            or any(out.stride(i) * out.element_size() % 16 for i in range(3))):
         return None
     return _descriptor(out.permute(0, 2, 1, 3), [1, 1, 64, dim_v])
 

@@ -669,13 +669,14 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales):
     values = acc.to(output.out_ptr.dtype.element_ty)
     if output.TMA_STORE:
         buffer = output.o_smem.index(wg.HALF)
-        # This consumer's previous tile has left the buffer.
+        # This consumer's previous tile has left the buffer (the copy's issuing thread waits;
+        # the barrier holds the others).
         tma.store_wait(0)
         gl.thread_barrier()
         buffer.reshape([wg.ROWS, wg.HEAD_DIM_V]).store(values)
         fence_async_shared()
         gl.thread_barrier()
-        row = tile.m_block * problem.BLOCK_M + wg.HALF * wg.ROWS
+        row = tile.m_block * problem.BLOCK_M + wg.HALF * wg.ROWS     # dense: from row 0
         tma.async_copy_shared_to_global(output.o_desc, [tile.batch, tile.head, row, 0], buffer)
     elif output.WIDE_STORE:
         # The accumulator's thread holds 2 adjacent columns in 8; 8 adjacent ones here.
