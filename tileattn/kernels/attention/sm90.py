@@ -454,8 +454,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
 
 def _out_descriptor(out: torch.Tensor, dim_v: int, config: Sm90Config):
     """TMA view of a dense out [batch, seqlen_q, heads, head dim] for Output's TMA stores: 16-bit
-    out, two 64-row consumers (three, at 160 registers, would spill more per-tile scalars;
-    unmeasured), head dims padded to at most TMA_STORE_MAX_DIM, strides and address TMA can
+    out, two 64-row consumers (three, at 160 registers, spill more per-tile scalars and gained
+    within noise), head dims padded to at most TMA_STORE_MAX_DIM, strides and address TMA can
     take; else None (Output's register stores)."""
     if (out.element_size() != 2 or not config.split or config.block_m != 128
             or dim_v > TMA_STORE_MAX_DIM
