@@ -265,14 +265,12 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                       KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
     # SPLIT: the consumer warpgroups are separate partitions, each releasing every buffer.
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64 if SPLIT else 1
+    o_smem = None
     if o_desc is not None:
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_CONSUMERS] + o_desc.block_type.shape,
                                            o_desc.layout)
-        output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h,
-                        OUT_DIM, RETURN_LSE, WIDE_STORE, o_desc, o_smem)
-    else:
-        output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h,
-                        OUT_DIM, RETURN_LSE, WIDE_STORE)
+    output = Output(out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
+                    RETURN_LSE, WIDE_STORE, o_desc, o_smem)
     descales = Descales(q_descale_ptr, k_descale_ptr, v_descale_ptr, stride_q_descale_b,
                         stride_q_descale_h, stride_q_descale_t, stride_k_descale_b,
                         stride_k_descale_h, stride_k_descale_t, stride_v_descale_b,
