@@ -167,7 +167,8 @@ def test_direct_launch_hands_the_c_launcher_what_triton_3_6_would(monkeypatch):
                              launch_cooperative_grid=False, launch_pdl=False)
     compiled = types.SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1))
     bound = runtime.BoundLaunch(compiled, (132, 1, 1), ordered, names)
-    assert bound.direct is not None and len(bound.direct.descriptors) == 3
+    # q, k, v and out (a dense 16-bit call this short stores O by TMA: sm90.Output)
+    assert bound.direct is not None and len(bound.direct.descriptors) == 4
     # The template keeps no tensor of the call it was made from.
     assert not any(isinstance(x, torch.Tensor) for x in bound.direct.template)
 
@@ -180,6 +181,8 @@ def test_direct_launch_hands_the_c_launcher_what_triton_3_6_would(monkeypatch):
     for name, tensor in (("q_desc", q), ("k_desc", k), ("v_desc", v)):
         new[name] = torch.randn_like(tensor)
         as_descriptors[name] = runtime.rebased_descriptor(launch.args[name], new[name])
+    new["o_desc"] = new["out_ptr"]
+    as_descriptors["o_desc"] = runtime.rebased_descriptor(launch.args["o_desc"], new["out_ptr"])
     direct = bound.direct
     runs = []
     for values in (new, as_descriptors):
