@@ -445,17 +445,19 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
     )
-    args["o_desc"] = (_out_descriptor(out, dim_v, config)
-                      if sequences is None and seqlen_k <= TMA_STORE_MAX_KEYS else None)
+    args["o_desc"] = _out_descriptor(out, dim_v, config, seqlen_k, sequences is not None)
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)
 
 
-def _out_descriptor(out: torch.Tensor, dim_v: int, config: Sm90Config):
-    """TMA view of a dense out [batch, seqlen_q, heads, head dim] for Output's TMA stores: 16-bit
-    out, two 64-row consumers (three, at 160 registers, spill more per-tile scalars and gained
-    within noise), head dims padded to at most TMA_STORE_MAX_DIM, strides and address TMA can
-    take; else None (Output's register stores)."""
-    if (out.element_size() != 2 or not config.split or config.block_m != 128
+def _out_descriptor(out: torch.Tensor, dim_v: int, config: Sm90Config, seqlen_k: int,
+                    packed: bool):
+    """TMA view of out [batch, seqlen_q, heads, head dim] for Output's TMA stores, where they
+    apply: dense (not packed) calls of at most TMA_STORE_MAX_KEYS keys, 16-bit out, two 64-row
+    consumers (three, at 160 registers, spill more per-tile scalars and gained within noise),
+    head dims padded to at most TMA_STORE_MAX_DIM, strides and address TMA can take; else None
+    (Output's register stores)."""
+    if (packed or seqlen_k > TMA_STORE_MAX_KEYS
+            or out.element_size() != 2 or not config.split or config.block_m != 128
             or dim_v > TMA_STORE_MAX_DIM
             or out.stride(3) != 1 or out.data_ptr() % 16
             or any(out.stride(i) * out.element_size() % 16 for i in range(3))):

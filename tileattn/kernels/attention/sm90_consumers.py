@@ -639,7 +639,7 @@ class Output:
 
     @gluon.constexpr_function
     def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
-                 RETURN_LSE, WIDE_STORE, o_desc=None, o_smem=None):
+                 RETURN_LSE, WIDE_STORE, o_desc, o_smem):
         self.out_ptr = out_ptr
         self.stride_ob = scalar(stride_ob)
         self.stride_os = scalar(stride_os)
