@@ -9,6 +9,8 @@
 #   tests-full   python -m pytest tests/gpu --full -n 14 the full grid too (~5 min: run it alone)
 #   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py
 #   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
+#                (prefill-partial.json for part of the grid or of its peers; merge parts
+#                with python -m tileattn bench --merge)
 #   mla          python -m tileattn bench --mla          -> $OUT/<gpu>/mla.json
 #   accuracy     python -m tileattn accuracy             -> $OUT/<gpu>/accuracy.json (FP8 scales rows too)
 #   backward     python benchmarks/backward.py --quick   (~2 min)      -> <gpu>/backward-partial.json
@@ -32,7 +34,7 @@
 # nvidia-cudnn-frontend for the cuDNN FP8 peer) are installed into /tmp/site first, and
 # /tmp/site is put on PYTHONPATH when it exists (shared/BENCHMARKS.md: FlashAttention-4).
 # STEP_TIMEOUT (seconds, default 600) bounds each step, so that a hang cannot eat the call.
-# Grid steps (backward, serving, mods and their -full forms) start no new point once the call's
+# Grid steps (prefill, backward, serving, mods and their -full forms) start no new point once the call's
 # budget is nearly spent: CALL_BUDGET_S (default 600, the device's limit a call) minus the time
 # since gpu.sh started, minus 90 s for the last point and the results (an explicit
 # :--budget-s:S wins). Each writes its partial file after every point, so a cut run keeps rows.
@@ -76,13 +78,18 @@ NCU_SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section
               --section LaunchStats --section MemoryWorkloadAnalysis)
 NCU_SUMMARY="Duration|Registers Per|Block Size|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|pipe_|stalled|Throughput|L2 Hit|L1/TEX Hit|wavefronts"
 
+# Seconds a grid may still start points in: the call's budget less what has run, less 90 s.
+grid_budget() {
+  local budget=$(( ${CALL_BUDGET_S:-600} - SECONDS - 90 ))
+  [ $budget -lt 1 ] && budget=1
+  echo $budget
+}
+
 # A grid script: benchmarks/SCRIPT with --out, the call's remaining budget and the step's ARGs.
 grid_step() {
   local script=$1
   shift
-  local budget=$(( ${CALL_BUDGET_S:-600} - SECONDS - 90 ))
-  [ $budget -lt 1 ] && budget=1
-  logged "$PY" "benchmarks/$script" --out "$OUT" --budget-s "$budget" "$@"
+  logged "$PY" "benchmarks/$script" --out "$OUT" --budget-s "$(grid_budget)" "$@"
 }
 
 # ncu of the third launch matching a kernel regex; the report goes to $OUT/NAME.txt.
@@ -114,7 +121,8 @@ for step in "$@"; do
                   ${args[@]+"${args[@]}"} ;;
     sanitizer) logged compute-sanitizer --tool memcheck --error-exitcode 9 \
                  "$PY" benchmarks/sanitizer_cases.py ;;
-    prefill) logged "$PY" -m tileattn bench --out "$OUT" ${args[@]+"${args[@]}"} ;;
+    prefill) logged "$PY" -m tileattn bench --out "$OUT" --budget-s "$(grid_budget)" \
+               ${args[@]+"${args[@]}"} ;;
     mla) logged "$PY" -m tileattn bench --mla --out "$OUT" ${args[@]+"${args[@]}"} ;;
     accuracy) logged "$PY" -m tileattn accuracy --out "$OUT" ${args[@]+"${args[@]}"} ;;
     backward) grid_step backward.py --quick ${args[@]+"${args[@]}"} ;;

@@ -241,6 +241,11 @@ def test_a_run_over_part_of_the_grid_or_out_of_time_stays_partial(tmp_path):
     for point in part:
         part.add(point, _rows(point, 1))
     assert part.finish().name == "backward-partial.json"
+    fewer = runs.GridRun("backward", FACTS_RUN, POINTS, POINTS, ("D", "causal"),
+                         tmp_path / "fewer", partial=True)   # e.g. fewer peers than the grid's
+    for point in fewer:
+        fewer.add(point, _rows(point, 1))
+    assert fewer.finish().name == "backward-partial.json"
     late = runs.GridRun("backward", FACTS_RUN, POINTS, POINTS, ("D", "causal"),
                         tmp_path / "late", budget_s=0)
     late.started -= 1
@@ -268,6 +273,37 @@ def test_merge_writes_the_canonical_file_once_the_parts_cover_the_grid(tmp_path)
         other.add(point, _rows(point, 1))
     with pytest.raises(ValueError, match="one grid"):
         runs.merge([paths[0], other.finish()], POINTS, ("D", "causal"), tmp_path / "x")
+    # A payload without points_done (a canonical file merged by hand) did its rows' points.
+    by_hand = {**json.loads(paths[0].read_text()), "grid": "backward"}
+    by_hand.pop("points_done")
+    later = {**json.loads(paths[1].read_text()), "grid": "backward"}
+    shown = runs.merged_payload([by_hand, later], ("D", "causal"))
+    assert len(shown["rows"]) == 8 and len(shown["points_done"]) == 4
+
+
+def test_prefill_points_time_their_checked_columns_interleaved(monkeypatch):
+    """A prefill point: every column checked against the bf16 yardstick, those that pass timed
+    in common.ROUNDS interleaved rounds; a wrong answer and a column that would repeat another
+    (bf16-portable where the portable kernel is what bf16 runs) are left out."""
+    from torch.nn.attention import SDPBackend
+    import tileattn
+    for name, value in dict(BATCH=1, HEADS=2).items():
+        monkeypatch.setattr(prefill, name, value)
+    monkeypatch.setattr(common, "time_ms", _one_ms)
+    bf16 = prefill._tileattn("bf16")
+    table = {("tileattn", "bf16"): (bf16, lambda q, k, v, causal:
+                                    tileattn.attention(q, k, v, causal=causal)),
+             ("tileattn", "bf16-portable"): (prefill._tileattn("bf16-portable"),
+                                             prefill._portable_attention),
+             ("cudnn", "bf16"): (bf16, lambda q, k, v, causal:      # the CPU's yardstick
+                                 prefill._sdpa(SDPBackend.MATH)(q, k, v, causal)),
+             ("fa4", "bf16"): (bf16, lambda q, k, v, causal: torch.zeros_like(q))}
+    point = dict(D=64, causal=True, N=45)
+    rows = prefill.measure(point, table, torch.device("cpu"))
+    assert [(r["impl"], r["dtype"]) for r in rows] == [("tileattn", "bf16"), ("cudnn", "bf16")]
+    for row in rows:
+        assert {k: row[k] for k in point} == point and len(row["ms_rounds"]) == common.ROUNDS
+        assert row["tflops"] == prefill.flops(45, 64, True) / row["ms"] / 1e9
 
 
 def test_visible_pairs_count_only_the_visible_work():

@@ -183,6 +183,10 @@ def _info(args) -> None:
 def _bench(args) -> None:
     import torch
 
+    if args.merge:
+        from tileattn.bench import prefill, runs
+        print(f"wrote {runs.merge(args.merge, prefill.grid_points(), prefill.POINT_FIELDS, args.out)}")
+        return
     if not torch.cuda.is_available():
         # Timings of the interpreter mean nothing, and the peers (cuDNN, FlashAttention) need a GPU.
         sys.exit("python -m tileattn bench needs a CUDA GPU (none is visible to torch "
@@ -193,7 +197,7 @@ def _bench(args) -> None:
         mla.run(out_dir=args.out, quick=args.quick)
     else:
         from tileattn.bench import prefill
-        kwargs = {}
+        kwargs = {"budget_s": args.budget_s}
         if args.head_dims:
             kwargs["head_dims"] = tuple(args.head_dims)
         if args.contexts:
@@ -225,7 +229,7 @@ def _accuracy(args) -> None:
 
 
 def _plot(args) -> None:
-    from tileattn.bench import accuracy, common, mla, prefill
+    from tileattn.bench import accuracy, common, mla, prefill, runs
 
     if args.results:
         groups = [[pathlib.Path(p) for p in args.results]]
@@ -244,7 +248,7 @@ def _plot(args) -> None:
         print(f"== {', '.join(map(str, paths))}: {grid}, {payloads[-1]['device']}, "
               f"{payloads[-1]['date']}")
         if grid == "prefill":
-            payload = prefill.merge_by_head_dim(payloads)
+            payload = runs.merged_payload(payloads, prefill.POINT_FIELDS)
             if args.markdown:
                 print(prefill.format_markdown(payload))
                 continue
@@ -276,6 +280,10 @@ def main(argv=None) -> None:
     bench.add_argument("--peers", nargs="+", choices=("cudnn", "fa2", "flex", "fa4"),
                        help="a subset of the peers (default all that can run: cudnn, fa2, "
                             "flex, fa4)")
+    bench.add_argument("--budget-s", type=float, default=None,
+                       help="prefill: start no new point after this many seconds")
+    bench.add_argument("--merge", nargs="+", metavar="JSON",
+                       help="prefill: merge partial runs by point into prefill.json (no GPU)")
     accuracy = commands.add_parser("accuracy", help="error table per dtype vs fp64")
     accuracy.add_argument("--out", default=None, help=results_help)
     accuracy.add_argument("--head-dims", type=int, nargs="+", help="a subset of 64 128 256")
@@ -283,7 +291,7 @@ def main(argv=None) -> None:
     plot = commands.add_parser("plot", help="tables (and the prefill PNG) from results files")
     plot.add_argument("results", nargs="*",
                       help="results files of one grid (default: every file in the results "
-                           "folder, one by one); a later prefill file's head dims replace an "
+                           "folder, one by one); a later prefill file's points replace an "
                            "earlier one's")
     plot.add_argument("--markdown", action="store_true", help="print the README's prefill table")
     args = parser.parse_args(argv)

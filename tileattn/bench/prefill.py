@@ -2,20 +2,29 @@
 
 Every implementation gets the same inputs in the public layout [B, N, H, D]; the FP8 rows pass
 a row-major V, so the K-major transposition attention() makes on sm89/sm90 is inside the timed
-region. Each call is checked against cuDNN/FA2 bf16 of the same point before it is timed.
+region. Each call is checked against cuDNN/FA2 bf16 of the same point before it is timed; the
+columns of a point that pass are timed interleaved over common.ROUNDS rounds
+(common.time_interleaved): "ms" is the median of the rounds, "ms_rounds" all of them. The run
+goes point by point through runs.GridRun (partial file after each point, a time budget, parts
+merged by point with `python -m tileattn bench --merge`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 
 import torch
 import torch.nn.functional as F
 
 import tileattn
 
-from .common import Progress, device_facts, spin_up, time_ms, write_results
+from . import runs
+from .common import device_facts, spin_up, time_interleaved
 
+GRID = "prefill"
+POINT_FIELDS = ("D", "causal", "N")
 BATCH, HEADS = 4, 32
 HEAD_DIMS = (64, 128, 256)
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -162,8 +171,12 @@ class _Descaled:
         return self.out_fp8.float() * self.v_descale
 
 
+@functools.cache
 def _tileattn(dtype_name):
-    """Inputs for one tileattn column; "-vT" passes V already K-major (prepare_v untimed)."""
+    """Inputs for one tileattn column; "-vT" passes V already K-major (prepare_v untimed).
+    One function a name, so that columns on the same inputs share them (measure)."""
+    if dtype_name.endswith("-portable"):
+        return _tileattn(precision(dtype_name))
     dtype = TILEATTN_DTYPES[precision(dtype_name)]
 
     def prepare(q, k, v):
@@ -223,51 +236,66 @@ def _yardstick(table, q, k, v, causal):
     raise RuntimeError("no bf16 peer could run to check results against")
 
 
-def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS, peers=PEERS) -> dict:
-    """Time the grid (or the subset asked for) and write its results file and plot
-    (common.write_results: a subset, or fewer peers, writes prefill-partial.json)."""
+def grid_points(head_dims=HEAD_DIMS, contexts=CONTEXTS) -> list[dict]:
+    """The grid's points (the whole grid by default), in run order."""
+    return [dict(D=d, causal=c, N=n) for d in head_dims for c in (False, True) for n in contexts]
+
+
+def measure(point: dict, table: dict, device) -> list[dict]:
+    """The rows of one point: every column of `table` (providers()) that runs here and passes
+    its check, timed interleaved."""
+    head_dim, causal, context = point["D"], point["causal"], point["N"]
+    gen = torch.Generator(device=device).manual_seed(context + head_dim)
+    shape = (BATCH, context, HEADS, head_dim)
+    q, k, v = (torch.randn(shape, device=device, generator=gen) for _ in range(3))
+    yardstick = _yardstick(table, q, k, v, causal)
+    calls, inputs = {}, {}    # inputs: prepare function -> its (args, kwargs), shared by columns
+    for (impl, dtype_name), (prepare, call) in table.items():
+        if impl == "flex" and context not in FLEX_CONTEXTS:
+            continue
+        try:
+            if prepare not in inputs:
+                inputs[prepare] = prepare(q, k, v)
+            args, kwargs = inputs[prepare]
+            if dtype_name == "bf16-portable" and _dispatches_to_portable(*args, causal):
+                continue  # the tileattn-bf16 column already is the portable kernel here
+            out = call(*args, causal, **kwargs)
+            error = float((out.float() - yardstick).norm() / yardstick.norm())
+            del out
+        except Exception as error:  # noqa: BLE001 - a peer that fails a shape is reported
+            print(f"\n{impl}-{dtype_name} {point}: {type(error).__name__}: {str(error)[:200]}")
+            continue
+        if not error < CHECK_TOLERANCE[precision(dtype_name)]:
+            print(f"\n{impl}-{dtype_name} {point}: error {error:.3g}, not timed")
+            continue
+        calls[(impl, dtype_name)] = (lambda call=call, args=args, kwargs=kwargs:
+                                     call(*args, causal, **kwargs))
+    rows = []
+    for (impl, dtype_name), times in time_interleaved(calls).items():
+        ms = statistics.median(times)
+        rows.append({**point, "impl": impl, "dtype": dtype_name, "ms": ms, "ms_rounds": times,
+                     "tflops": flops(context, head_dim, causal) / ms / 1e9})
+    return rows
+
+
+def run(out_dir=None, quick=False, head_dims=HEAD_DIMS, contexts=CONTEXTS, peers=PEERS,
+        budget_s=None) -> dict:
+    """Time the grid (or the points asked for) and write its results file and plot: prefill.json
+    once a run, or the merge of parts, covers every point with every peer; else
+    prefill-partial.json (a run with fewer peers stays partial)."""
     device = torch.device("cuda")
-    facts = device_facts(device)
     table = providers(peers)
     if quick:
         head_dims, contexts = (128,), (1024, 4096)
-    complete = (tuple(head_dims) == HEAD_DIMS and tuple(contexts) == CONTEXTS
-                and set(peers) == set(PEERS))
-    points = [(d, c, n) for d in head_dims for c in (False, True) for n in contexts]
-    rows = []
-    progress = Progress(len(points) * len(table), "prefill")
+    grid = runs.GridRun(GRID, device_facts(device), grid_points(head_dims, contexts),
+                        grid_points(), POINT_FIELDS, out_dir, budget_s,
+                        partial=set(peers) != set(PEERS), batch=BATCH, heads=HEADS)
     spin_up()
-    for head_dim, causal, context in points:
-        gen = torch.Generator(device=device).manual_seed(context + head_dim)
-        shape = (BATCH, context, HEADS, head_dim)
-        q, k, v = (torch.randn(shape, device=device, generator=gen) for _ in range(3))
-        yardstick = _yardstick(table, q, k, v, causal)
-        for (impl, dtype_name), (prepare, call) in table.items():
-            progress.step(f"{impl}-{dtype_name} D={head_dim} N={context} causal={causal}")
-            if impl == "flex" and context not in FLEX_CONTEXTS:
-                continue
-            try:
-                args, kwargs = prepare(q, k, v)
-                if dtype_name == "bf16-portable" and _dispatches_to_portable(*args, causal):
-                    continue  # the tileattn-bf16 column already is the portable kernel here
-                out = call(*args, causal, **kwargs)
-                error = float((out.float() - yardstick).norm() / yardstick.norm())
-                if not error < CHECK_TOLERANCE[precision(dtype_name)]:
-                    print(f"\n{impl}-{dtype_name} D={head_dim} N={context}: error {error:.3g}, not timed")
-                    continue
-                del out
-                ms = time_ms(lambda: call(*args, causal, **kwargs))
-            except Exception as error:  # noqa: BLE001 - a peer that fails a shape is reported
-                print(f"\n{impl}-{dtype_name} D={head_dim} N={context} causal={causal}: "
-                      f"{type(error).__name__}: {str(error)[:200]}")
-                continue
-            rows.append({"D": head_dim, "causal": causal, "N": context, "impl": impl,
-                         "dtype": dtype_name, "ms": ms,
-                         "tflops": flops(context, head_dim, causal) / ms / 1e9})
-        del q, k, v, yardstick
+    for point in grid:
+        grid.add(point, measure(point, table, device))
         torch.cuda.empty_cache()
-    payload = {**facts, "batch": BATCH, "heads": HEADS, "rows": rows}
-    path = write_results("prefill", payload, out_dir, complete)
+    path = grid.finish()
+    payload = grid.payload()
     print(format_tables(payload))
     print(f"results: {path}")
     plot(payload, path.with_suffix(".png"))
@@ -312,15 +340,6 @@ def format_tables(payload: dict) -> str:
                     text += f", fp8 {fp8['tflops'] / cudnn_fp8['tflops']:.2f}x cudnn-fp8"
                 lines.append(text)
     return "\n".join(lines)
-
-
-def merge_by_head_dim(payloads: list[dict]) -> dict:
-    """One payload from several runs: a later run's rows replace an earlier run's for its head dims."""
-    merged = {**payloads[0], "rows": []}
-    for payload in payloads:
-        replaced = {r["D"] for r in payload["rows"]}
-        merged["rows"] = [r for r in merged["rows"] if r["D"] not in replaced] + payload["rows"]
-    return merged
 
 
 README_COLUMNS = (("tileattn", "bf16"), ("tileattn", "bf16-portable"), ("tileattn", "fp8e4m3"),

@@ -38,12 +38,14 @@ class GridRun:
             run.add(point, rows_measured_at(point))
         path = run.finish()
 
-    extra: more top-level fields for the payload (batch, heads, copy rate...)."""
+    partial: the run leaves part of each point out (fewer peers), so it never writes the
+    canonical file. extra: more top-level fields for the payload (batch, heads, copy rate...)."""
 
     def __init__(self, grid: str, facts: dict, points: list[dict], full_points: list[dict],
                  point_fields: tuple[str, ...], out_dir=None, budget_s: float | None = None,
-                 **extra):
+                 partial: bool = False, **extra):
         self.grid, self.facts, self.points = grid, facts, list(points)
+        self.partial = partial
         self.point_fields = tuple(point_fields)
         self.full_keys = {point_key(p, self.point_fields) for p in full_points}
         self.out_dir, self.extra = out_dir, extra
@@ -81,7 +83,7 @@ class GridRun:
                 "skipped": [list(k) for k in self.skipped], "rows": self.rows}
 
     def complete(self) -> bool:
-        return self.full_keys <= set(self.done)
+        return not self.partial and self.full_keys <= set(self.done)
 
     def finish(self) -> pathlib.Path:
         """Write the canonical file if every point of the full grid was done, else the partial
@@ -100,6 +102,19 @@ def merge(paths, full_points: list[dict], point_fields: tuple[str, ...],
     earlier one's for the points it did) and write the result: `<grid>.json` when the points
     done cover full_points, else `<grid>-partial.json`. Returns its path."""
     payloads = [load_results(path) for path in paths]
+    merged = merged_payload(payloads, point_fields)
+    merged["merged_from"] = [pathlib.Path(p).name for p in paths]
+    full_keys = {point_key(p, tuple(point_fields)) for p in full_points}
+    done = {tuple(key) for key in merged["points_done"]}
+    merged["skipped"] = [list(k) for k in sorted(full_keys - done, key=json.dumps)]
+    grid = merged.pop("grid")
+    return write_results(grid, merged, out_dir, complete=full_keys <= done)
+
+
+def merged_payload(payloads: list[dict], point_fields: tuple[str, ...]) -> dict:
+    """Payloads of one grid on one GPU as one (in order: a later payload's rows replace an
+    earlier one's for the points it did; a payload without `points_done` did the points of
+    its rows)."""
     if not payloads:
         raise ValueError("merge needs at least one results file")
     grids = {p["grid"] for p in payloads}
@@ -110,22 +125,20 @@ def merge(paths, full_points: list[dict], point_fields: tuple[str, ...],
     fields = tuple(point_fields)
     rows_by_point: dict[tuple, list[dict]] = {}
     for payload in payloads:
-        done = {tuple(key) for key in payload.get("points_done", [])}
+        if "points_done" in payload:
+            done = {tuple(key) for key in payload["points_done"]}
+        else:
+            done = {point_key(row, fields) for row in payload["rows"]}
         for key in done:
             rows_by_point[key] = []
         for row in payload["rows"]:
             key = point_key(row, fields)
             if key in done:
                 rows_by_point[key].append(row)
-    full_keys = {point_key(p, fields) for p in full_points}
     ordered = sorted(rows_by_point, key=lambda k: json.dumps(k))
-    merged = {**payloads[-1], "merged_from": [pathlib.Path(p).name for p in paths],
-              "seconds": sum(p.get("seconds", 0) for p in payloads),
-              "points_done": [list(k) for k in ordered],
-              "skipped": [list(k) for k in sorted(full_keys - set(ordered), key=json.dumps)],
-              "rows": [row for key in ordered for row in rows_by_point[key]]}
-    merged.pop("grid")
-    return write_results(grids.pop(), merged, out_dir, complete=full_keys <= set(ordered))
+    return {**payloads[-1], "seconds": sum(p.get("seconds", 0) for p in payloads),
+            "points_done": [list(k) for k in ordered],
+            "rows": [row for key in ordered for row in rows_by_point[key]]}
 
 
 def add_grid_options(parser, grid: str) -> None:
