@@ -30,9 +30,10 @@
 # Output goes to $OUT (the device tool returns what is there; ./gpu-session without it):
 # session.log (everything printed), results files as <gpu>/<grid>.json (a partial grid as
 # <grid>-partial.json), ncu reports, scripts' JSON. Copy a complete grid's file over
-# benchmarks/results/<gpu>/<grid>.json to commit it. Wheels in .whl/*.whl (e.g.
-# nvidia-cudnn-frontend for the cuDNN FP8 peer) are installed into /tmp/site first, and
-# /tmp/site is put on PYTHONPATH when it exists (shared/BENCHMARKS.md: FlashAttention-4).
+# benchmarks/results/<gpu>/<grid>.json to commit it. Peer wheels (FlashAttention-4,
+# cudnn-frontend for the cuDNN FP8 peer) travel as benchmarks/peer_wheels.py lays them out, one
+# .wheels-K folder a call (or a single wheel in .whl/); they are installed into /tmp/site, which
+# goes on PYTHONPATH when it exists.
 # STEP_TIMEOUT (seconds, default 600) bounds each step, so that a hang cannot eat the call.
 # Grid steps (prefill, backward, serving, mods and their -full forms) start no new point once the call's
 # budget is nearly spent: CALL_BUDGET_S (default 600, the device's limit a call) minus the time
@@ -57,9 +58,24 @@ LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if compgen -G ".whl/*.whl" > /dev/null; then
+# Peer wheels (benchmarks/peer_wheels.py): what a call carries in .wheels-K/ (and .whl/) is
+# stashed in /tmp/wheels, which outlives the call while the machine stays warm; a split wheel is
+# joined once all its parts are there, and the whole wheels are installed into /tmp/site.
+mkdir -p /tmp/wheels
+for dir in .whl .wheels-[0-9]*; do
+  [ -d "$dir" ] && cp "$dir"/* /tmp/wheels/ 2>/dev/null
+done
+for count in /tmp/wheels/*.whl.parts; do
+  [ -e "$count" ] || continue
+  wheel=${count%.parts}
+  parts=("$wheel".part-*)
+  if [ ! -e "$wheel" ] && [ "${#parts[@]}" -eq "$(cat "$count")" ]; then
+    cat "${parts[@]}" > "$wheel"
+  fi
+done
+if compgen -G "/tmp/wheels/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl 2>&1 | tail -3
+    --target /tmp/site /tmp/wheels/*.whl 2>&1 | tail -3
 fi
 for dir in /tmp/site /tmp/site/nvidia_cutlass_dsl/dsl_packages; do
   [ -d "$dir" ] && PYTHONPATH=$PYTHONPATH:$dir

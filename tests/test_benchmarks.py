@@ -468,3 +468,24 @@ def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
         assert all(r["ms_rounds"] == [1.0] * common.ROUNDS for r in rows)
         assert len(timed) == 2 * common.ROUNDS and timed[0] is timed[3] and timed[1] is timed[2]
         assert 0 < rows[0]["density"] <= 0.51
+
+
+def test_peer_wheels_travel_in_folders_under_a_call_s_carry_and_join_whole(tmp_path):
+    """benchmarks/peer_wheels.py's layout: a wheel over the part size is split, every folder
+    stays under the limit, and the parts (in name order, as gpu.sh joins them) give the wheel."""
+    wheels_script = _load(BENCHMARKS / "peer_wheels.py")
+    sizes = {"big-1.0-py3-none-any.whl": 1750, "mid-1.0-py3-none-any.whl": 420,
+             "small-1.0-py3-none-any.whl": 49}
+    originals = {}
+    for name, size in sizes.items():
+        originals[name] = bytes((7 * i + size) % 256 for i in range(size))
+        (tmp_path / name).write_bytes(originals[name])
+    files = wheels_script.pieces(sorted(tmp_path.glob("*.whl")), 500)
+    assert {f.name for f in files if ".part-" in f.name} == {
+        f"big-1.0-py3-none-any.whl.part-{i:02d}" for i in range(4)}
+    assert (tmp_path / "big-1.0-py3-none-any.whl.parts").read_text() == "4\n"
+    folders = wheels_script.pack(files, 1000)
+    assert all(sum(p.stat().st_size for p in folder) <= 1000 for folder in folders)
+    assert sorted(p.name for folder in folders for p in folder) == sorted(f.name for f in files)
+    parts = sorted(tmp_path.glob("big-1.0-py3-none-any.whl.part-*"))
+    assert b"".join(p.read_bytes() for p in parts) == originals["big-1.0-py3-none-any.whl"]
