@@ -184,8 +184,11 @@ def _bench(args) -> None:
     import torch
 
     if args.merge:
+        if args.mla:
+            sys.exit("python -m tileattn bench --merge merges parts of the prefill grid, not --mla")
         from tileattn.bench import prefill, runs
-        print(f"wrote {runs.merge(args.merge, prefill.grid_points(), prefill.POINT_FIELDS, args.out)}")
+        path = runs.merge(args.merge, prefill.grid_points(), prefill.POINT_FIELDS, args.out)
+        print(f"wrote {path}")
         return
     if not torch.cuda.is_available():
         # Timings of the interpreter mean nothing, and the peers (cuDNN, FlashAttention) need a GPU.
