@@ -178,7 +178,8 @@ def mla_kernel(arch: Arch, num_rows: int, page_size: int, kv_dtype: torch.dtype,
 
 
 def fp8_mla_cache_slower(arch: Arch, num_rows: int) -> bool:
-    """Where an FP8 MLA cache measured slower than a 16-bit one: sm90 with H·q_len >= 32, where
-    both run Gluon kernels and the FP8 one is bound by its widening warpgroup (docs/design.md,
-    "MLA decode"). mla_plan warns there rather than leave a silent cliff."""
-    return arch.name == "sm90" and num_rows >= 32
+    """Where an FP8 MLA cache measured slower than a 16-bit one: sm90 with H·q_len > 64, two or
+    more 64-row blocks a work item, where both run Gluon kernels, the 16-bit one is bound by
+    its tensor cores and the FP8 one also waits for each tile's widening (docs/design.md, "MLA
+    decode"). mla_plan warns there rather than leave a silent cliff."""
+    return arch.name == "sm90" and num_rows > 64

@@ -31,7 +31,7 @@ def make_plan(seq_lens, *, num_heads, q_len, page_size, kv_dtype, device, schedu
     arch = arch_of(device)
     num_rows = num_heads * q_len
     if kv_dtype == torch.float8_e4m3fn and dispatch.fp8_mla_cache_slower(arch, num_rows):
-        warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_rows} >= 32 runs slower "
+        warnings.warn(f"an FP8 MLA cache with num_heads * q_len = {num_rows} > 64 runs slower "
                       f"than a bf16 cache on {arch.name} today (README, MLA decode)",
                       PerformanceWarning, stacklevel=3)
     config = mla_kernels.config_for(arch, schedule, num_rows)

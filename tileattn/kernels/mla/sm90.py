@@ -67,32 +67,42 @@ MIN_ROWS = 32
 @aggregate
 class L2Prefetch:
     """The cache as the L2 prefetch addresses it: raw pointer, page stride and page count (for
-    clamping), and the prefetch distance in tiles (0: no prefetch)."""
+    clamping), the prefetch distance in tiles (0: no prefetch), and the bulk prefetch's
+    instruction for a tile of TILE_BYTES issued by a partition of WARPS warps (each warp's
+    elected lane prefetches its 1/WARPS of the tile)."""
     kv_ptr: Scalar
     stride_kv_page: Scalar
     num_pages: Scalar
     PREFETCH_TILES: gl.constexpr
+    ASM: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, kv_ptr, stride_kv_page, num_pages, PREFETCH_TILES):
+    def __init__(self, kv_ptr, stride_kv_page, num_pages, PREFETCH_TILES, TILE_BYTES=73728,
+                 WARPS=1):
         self.kv_ptr = scalar(kv_ptr)
         self.stride_kv_page = scalar(stride_kv_page)
         self.num_pages = scalar(num_pages)
         self.PREFETCH_TILES = gl.constexpr(PREFETCH_TILES)
+        chunk = gl.constexpr(TILE_BYTES).value // gl.constexpr(WARPS).value
+        warps = gl.constexpr(WARPS).value
+        self.ASM = gl.constexpr(
+            "{ .reg .pred p; .reg .u32 w; .reg .u64 a; elect.sync _|p, 0xffffffff; "
+            f"mov.u32 w, %tid.x; shr.u32 w, w, 5; and.b32 w, w, {warps - 1}; "
+            f"mul.wide.u32 a, w, {chunk}; add.s64 a, a, $1; "
+            f"@p cp.async.bulk.prefetch.L2.global [a], {chunk}; mov.u32 $0, 0; }}")
 
     @gluon.jit
     def tile(self, page_row, token, PAGE_SIZE: gl.constexpr):
-        """One bulk L2 prefetch of the 64 x 576 tile at `token` (contiguous: whole rows of one
-        page), issued by one elected lane. The TMA load of that tile, NUM_STAGES tiles later,
-        then reads L2 instead of waiting on HBM. The page id is clamped into the cache: unlike
-        TMA loads, which zero-fill outside the descriptor, a prefetch takes a raw address."""
+        """One bulk L2 prefetch of the tile at `token` (contiguous: whole rows of one page), in
+        WARPS pieces, each issued by one elected lane of a warp. The TMA load of that tile,
+        PREFETCH_TILES tiles later, then reads L2 instead of waiting on HBM. The page id is
+        clamped into the cache: unlike TMA loads, which zero-fill outside the descriptor, a
+        prefetch takes a raw address."""
         page = gl.minimum(gl.maximum(gl.load(page_row + token // PAGE_SIZE), 0), self.num_pages - 1)
         tile = (self.kv_ptr + page.to(gl.int64) * self.stride_kv_page
                 + (token % PAGE_SIZE) * NUM_COLS)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; elect.sync _|p, 0xffffffff; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], 73728; mov.u32 $0, 0; }",
-            "=r,l", [tile], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise(self.ASM, "=r,l", [tile], dtype=gl.int32, is_pure=False,
+                                  pack=1)
 
 
 @gluon.jit
@@ -138,6 +148,7 @@ def mla_sm90_partial_kernel(
     stride_page_table_b, stride_ob, stride_os, stride_oh,
     num_heads, q_len, num_rows, softmax_scale_log2, kv_ptr, stride_kv_page, num_pages,
     PAGE_SIZE: gl.constexpr, NUM_STAGES: gl.constexpr, PREFETCH_TILES: gl.constexpr,
+    PV_FIRST: gl.constexpr,
 ):
     """The partial results of one (row block, work item). Pointer layouts (element strides):
         q_desc      TMA descriptor of q [batch, q_len, num_heads, 576] (q_len and num_heads
@@ -161,7 +172,7 @@ def mla_sm90_partial_kernel(
     output = Output(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, stride_ob, stride_os,
                     stride_oh, num_heads, num_rows)
     # A 16-bit cache: no descale (work_ptr stands in for its pointer), output scale 1.
-    scores = Scores(seq_lens_ptr, q_len, softmax_scale_log2, 1.0, work_ptr, False)
+    scores = Scores(seq_lens_ptr, q_len, softmax_scale_log2, 1.0, work_ptr, False, PV_FIRST)
     pages = Pages(page_table_ptr, stride_page_table_b, PAGE_SIZE)
     l2 = L2Prefetch(kv_ptr, stride_kv_page, num_pages, PREFETCH_TILES)
     gl.warp_specialize([
@@ -246,7 +257,11 @@ def mla_sm90_launch(q, kv_cache, page_table, seq_lens, out, lse, plan,
                 stride_kv_page=kv_cache.stride(0), num_pages=kv_cache.shape[0])
     num_rows = args["num_rows"]
     prefetch = prefetch_tiles(num_rows, kv_cache)
-    constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES, PREFETCH_TILES=prefetch)
+    # One row block an item is bound by its loads: the consumers release each tile as soon as
+    # their P V retires (Scores.PV_FIRST); two or more are bound by the tensor cores, where
+    # the softmax's overlap with P V is worth more (docs/design.md, "MLA decode").
+    constexprs = dict(PAGE_SIZE=kv_cache.shape[1], NUM_STAGES=NUM_STAGES, PREFETCH_TILES=prefetch,
+                      PV_FIRST=num_rows <= BLOCK_M.value)
     grid = (-(-num_rows // BLOCK_M.value), plan.num_work)
     # KernelLaunch's fast path keys the TMA descriptors by dtype, block shape and layout.
     return KernelLaunch(mla_sm90_partial_kernel, grid, args, constexprs, 4, 1)

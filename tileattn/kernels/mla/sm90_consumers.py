@@ -8,7 +8,9 @@ and are generic in the tile size (64 keys for the 16-bit cache, 32 for e4m3: Buf
     barrier has fired, online softmax, and its half of the output, O[:, :256] ([64, 256]
     fp32, 128 registers a thread) += P_j V_j[:, :256] with P in registers, one wgmma of
     N = 256 (see _v_half). Software pipelined one tile deep: S_{j+1} is issued together with
-    O += P_j V_j, and the softmax of tile j+1 runs while the tensor cores do that P V.
+    O += P_j V_j, and the softmax of tile j+1 runs while the tensor cores do that P V; or, with
+    PV_FIRST, P V is issued first and the tile's stage released once it retires, before the
+    softmax: the producer refills the stage a softmax earlier (where its loads bound the kernel).
     After each softmax it hands P_j (bf16/fp16) and the row rescale factor alpha_j to the
     other warpgroup through shared memory (one buffer, p_ready / p_empty mbarriers).
   * P V warpgroup (4 warps): O[:, 256:] = O * alpha_j + P_j V_j[:, 256:] with P read from
@@ -60,10 +62,11 @@ class SoftmaxRows:
     s_layout: gl.constexpr
     o_layout: gl.constexpr
     p_layout: gl.constexpr
+    PV_FIRST: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout,
-                 p_layout):
+                 p_layout, PV_FIRST):
         self.smem = smem
         self.kv_start = scalar(kv_start)
         self.kv_end = scalar(kv_end)
@@ -72,22 +75,23 @@ class SoftmaxRows:
         self.s_layout = gl.constexpr(s_layout)
         self.o_layout = gl.constexpr(o_layout)
         self.p_layout = gl.constexpr(p_layout)
+        self.PV_FIRST = gl.constexpr(PV_FIRST)
 
 
 @gluon.jit
 def _issue_qk(smem, stage, phase, s_zero):
     """S = Q K^T for the tile in `stage`: 9 chained wgmmas, K = 64 each, each issued as soon
     as its box has landed."""
-    mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES), phase)
+    mbarrier.wait(smem.ready(stage, 0), phase)
     s = warpgroup_mma(box_view(smem.q_smem, 0),
                       box_view(smem.kv_smem, stage * V_BOXES).permute((1, 0)), s_zero,
                       use_acc=False, is_async=True)
     for c in gl.static_range(1, V_BOXES):
-        mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES + c), phase)
+        mbarrier.wait(smem.ready(stage, c), phase)
         s = warpgroup_mma(box_view(smem.q_smem, c),
                           box_view(smem.kv_smem, stage * V_BOXES + c).permute((1, 0)), s,
                           is_async=True)
-    mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES + V_BOXES), phase)
+    mbarrier.wait(smem.ready(stage, V_BOXES), phase)
     s = warpgroup_mma(box_view(smem.q_smem, V_BOXES),
                       box_view(smem.rope_smem, stage).permute((1, 0)), s, is_async=True)
     return s
@@ -168,13 +172,22 @@ def _softmax_loop(o, p, m_i, l_i, prev_stage, j_start, j_end, sw, MASKED: gl.con
             if tile_start + TILE_N > sw.kv_end:
                 smem.wait_tile(stage, phase)
                 _zero_tail_rows(smem, stage, sw.kv_end - tile_start)
-        s = _issue_qk(smem, stage, phase, s_zero)
-        o = _issue_pv(p, smem.kv_smem, prev_stage, o, 0)
-        # wgmma groups retire in order: 1 left in flight means S_j is done, P V is not.
-        s = warpgroup_mma_wait(1, deps=(s,))
-        p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tile_start, sw, MASKED)
-        o = warpgroup_mma_wait(0, deps=(o,))
-        mbarrier.arrive(smem.kv_empty.index(prev_stage), count=1)
+        if sw.PV_FIRST:
+            # P V first: once it retires, the stage is released before S_j's softmax.
+            o = _issue_pv(p, smem.kv_smem, prev_stage, o, 0)
+            s = _issue_qk(smem, stage, phase, s_zero)
+            o = warpgroup_mma_wait(1, deps=(o,))
+            mbarrier.arrive(smem.kv_empty.index(prev_stage), count=1)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tile_start, sw, MASKED)
+        else:
+            s = _issue_qk(smem, stage, phase, s_zero)
+            o = _issue_pv(p, smem.kv_smem, prev_stage, o, 0)
+            # wgmma groups retire in order: 1 left in flight means S_j is done, P V is not.
+            s = warpgroup_mma_wait(1, deps=(s,))
+            p_f32, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, tile_start, sw, MASKED)
+            o = warpgroup_mma_wait(0, deps=(o,))
+            mbarrier.arrive(smem.kv_empty.index(prev_stage), count=1)
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, sw.o_layout)), 1)
         p_lo = p_f32.to(smem.p_smem.dtype)
         _send_p(smem, p_lo, alpha, j)
@@ -238,7 +251,11 @@ def softmax_partition(work_ptr, smem, output, scores):
     # A plan made for other seq_lens would silently miss or mis-mask keys: its rows come out
     # NaN instead (through out_scale, finite otherwise), since a CUDA graph replay cannot raise.
     out_scale = gl.where(planned_seq_len(work_ptr) != seq_len, float("nan"), out_scale)
-    sw = SoftmaxRows(smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout, p_layout)
+    # It waits in shared memory until the epilogue: one register fewer across the key loops
+    # (the FP8 kernel's softmax spilled without it). _send_p's barriers order the reload.
+    smem.scale_smem.store(gl.full([BLOCK_M], out_scale, gl.float32, layout=row_layout))
+    sw = SoftmaxRows(smem, kv_start, kv_end, key_limit, qk_scale, s_layout, o_layout, p_layout,
+                     scores.PV_FIRST)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
@@ -266,6 +283,7 @@ def softmax_partition(work_ptr, smem, output, scores):
     # A row may see no key of a late chunk (its causal limit is below the chunk): output 0,
     # LSE -inf, which the combine weighs as 0. Every row sees key 0, so no final row is empty.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out_scale = smem.scale_smem.load(row_layout)
     scale = out_scale / l_safe
     # The last message: 1 / l (times the FP8 descale) for the other half of the output.
     mbarrier.wait(smem.p_empty, (num_tiles & 1) ^ 1)
@@ -300,7 +318,7 @@ def pv_partition(work_ptr, smem, output):
     for j in range(num_tiles):
         stage = j % smem.NUM_STAGES
         for c in gl.static_range(V_BOXES_PER_WG, V_BOXES):
-            mbarrier.wait(smem.kv_ready.index(stage * NUM_BOXES + c), (j // smem.NUM_STAGES) & 1)
+            mbarrier.wait(smem.ready(stage, c), (j // smem.NUM_STAGES) & 1)
         mbarrier.wait(smem.p_ready, j & 1)
         o = o * gl.expand_dims(smem.alpha_smem.load(row_layout), 1)
         o = _issue_pv(smem.p_smem, smem.kv_smem, stage, o, V_BOXES_PER_WG)

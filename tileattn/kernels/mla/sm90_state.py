@@ -28,12 +28,14 @@ class Buffers:
     """Shared memory of both kernels: Q (9 boxes), the ring of NUM_STAGES 16-bit KV tiles of
     TILE_N keys (boxes 0-7, the 512 latent columns that are also V, and box 8, rope, apart
     because shared buffers need power-of-two inner dims), the P message (P and one fp32 per
-    row), and their barriers: q_ready, p_ready / p_empty, one kv_ready per box, kv_empty."""
+    row), the softmax warpgroup's output scale per row (parked there across the key loops), and
+    their barriers: q_ready, p_ready / p_empty, one kv_ready per box, kv_empty."""
     q_smem: gl.shared_memory_descriptor
     kv_smem: gl.shared_memory_descriptor
     rope_smem: gl.shared_memory_descriptor
     p_smem: gl.shared_memory_descriptor
     alpha_smem: gl.shared_memory_descriptor
+    scale_smem: gl.shared_memory_descriptor
     q_ready: gl.shared_memory_descriptor
     p_ready: gl.shared_memory_descriptor
     p_empty: gl.shared_memory_descriptor
@@ -41,15 +43,17 @@ class Buffers:
     kv_empty: gl.shared_memory_descriptor
     NUM_STAGES: gl.constexpr
     TILE_N: gl.constexpr
+    READY_SPLIT: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty,
-                 kv_ready, kv_empty, NUM_STAGES, TILE_N):
+    def __init__(self, q_smem, kv_smem, rope_smem, p_smem, alpha_smem, scale_smem, q_ready,
+                 p_ready, p_empty, kv_ready, kv_empty, NUM_STAGES, TILE_N, READY_SPLIT):
         self.q_smem = q_smem
         self.kv_smem = kv_smem
         self.rope_smem = rope_smem
         self.p_smem = p_smem
         self.alpha_smem = alpha_smem
+        self.scale_smem = scale_smem
         self.q_ready = q_ready
         self.p_ready = p_ready
         self.p_empty = p_empty
@@ -57,10 +61,15 @@ class Buffers:
         self.kv_empty = kv_empty
         self.NUM_STAGES = gl.constexpr(NUM_STAGES)
         self.TILE_N = gl.constexpr(TILE_N)
+        self.READY_SPLIT = gl.constexpr(READY_SPLIT)
 
     @gluon.jit
-    def allocate(q_desc, NUM_STAGES: gl.constexpr, TILE_N: gl.constexpr):
-        """Allocate and initialise (the kernel, before it forks into partitions)."""
+    def allocate(q_desc, NUM_STAGES: gl.constexpr, TILE_N: gl.constexpr,
+                 KV_READY_COUNT: gl.constexpr = 1, READY_SPLIT: gl.constexpr = 0):
+        """Allocate and initialise (the kernel, before it forks into partitions). A box's
+        "ready" barrier counts KV_READY_COUNT arrivals: 1 for a TMA's, or one per thread of a
+        producer partition that writes the box itself. READY_SPLIT 0: one barrier per box;
+        k > 0: boxes below k share box 0's barrier, the others box k's (see `ready`)."""
         dtype: gl.constexpr = q_desc.dtype
         tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, TILE_N, BOX], dtype)
         q_smem = gl.allocate_shared_memory(dtype, [NUM_BOXES] + q_desc.block_type.shape,
@@ -71,6 +80,8 @@ class Buffers:
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N], p_layout)
         alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
+                                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M],
                                                gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -83,10 +94,10 @@ class Buffers:
         mbarrier.init(p_empty, count=1)
         for i in gl.static_range(NUM_STAGES):
             for c in gl.static_range(NUM_BOXES):
-                mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=1)
+                mbarrier.init(kv_ready.index(i * NUM_BOXES + c), count=KV_READY_COUNT)
             mbarrier.init(kv_empty.index(i), count=2)   # both consumer warpgroups release a tile
-        return Buffers(q_smem, kv_smem, rope_smem, p_smem, alpha_smem, q_ready, p_ready, p_empty,
-                       kv_ready, kv_empty, NUM_STAGES, TILE_N)
+        return Buffers(q_smem, kv_smem, rope_smem, p_smem, alpha_smem, scale_smem, q_ready,
+                       p_ready, p_empty, kv_ready, kv_empty, NUM_STAGES, TILE_N, READY_SPLIT)
 
     @gluon.jit
     def load_q(self, q_desc, batch):
@@ -97,10 +108,22 @@ class Buffers:
                                             self.q_ready, self.q_smem.index(c))
 
     @gluon.jit
+    def ready(self, stage, c: gl.constexpr):
+        """The barrier that fires once box c of the tile in `stage` has landed: its own, or
+        its group's (READY_SPLIT: a producer that releases boxes in two groups arrives on
+        two barriers, not nine, and each arrive costs it a warpgroup barrier)."""
+        if self.READY_SPLIT == 0:
+            return self.kv_ready.index(stage * NUM_BOXES + c)
+        elif c < self.READY_SPLIT:
+            return self.kv_ready.index(stage * NUM_BOXES)
+        else:
+            return self.kv_ready.index(stage * NUM_BOXES + self.READY_SPLIT)
+
+    @gluon.jit
     def wait_tile(self, stage, phase):
         """Until every box of the tile in `stage` has landed."""
         for c in gl.static_range(NUM_BOXES):
-            mbarrier.wait(self.kv_ready.index(stage * NUM_BOXES + c), phase)
+            mbarrier.wait(self.ready(stage, c), phase)
 
 
 @aggregate
@@ -171,23 +194,25 @@ class Scores:
     """What the softmax warpgroup needs beyond the tiles: seq_lens (the causal limit of each
     row, and the check that the plan was made for these lengths), q_len, the softmax scale
     (base 2) and the output scale, each times the FP8 descale *kv_descale_ptr when
-    HAS_DESCALE."""
+    HAS_DESCALE; and PV_FIRST, the order of its key loop (sm90_consumers._softmax_loop)."""
     seq_lens_ptr: Scalar
     q_len: Scalar
     softmax_scale_log2: Scalar
     output_scale: Scalar
     kv_descale_ptr: Scalar
     HAS_DESCALE: gl.constexpr
+    PV_FIRST: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, seq_lens_ptr, q_len, softmax_scale_log2, output_scale, kv_descale_ptr,
-                 HAS_DESCALE):
+                 HAS_DESCALE, PV_FIRST):
         self.seq_lens_ptr = scalar(seq_lens_ptr)
         self.q_len = scalar(q_len)
         self.softmax_scale_log2 = scalar(softmax_scale_log2)
         self.output_scale = scalar(output_scale)
         self.kv_descale_ptr = scalar(kv_descale_ptr)
         self.HAS_DESCALE = gl.constexpr(HAS_DESCALE)
+        self.PV_FIRST = gl.constexpr(PV_FIRST)
 
 
 @aggregate
