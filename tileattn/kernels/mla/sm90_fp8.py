@@ -85,8 +85,9 @@ def _widen(x, dtype: gl.constexpr):
 @aggregate
 class RawTiles:
     """The e4m3 view of the 16-bit ring: `kv` sees each 16-bit [64, 64] box as two e4m3 boxes
-    (box b's halves are 2b and 2b + 1), `rope` the same for the rope ring; one "landed"
-    barrier per stage for the TMA of a whole e4m3 tile. E4m3 box c < 8 of stage s sits in
+    (box b's halves are 2b and 2b + 1), `rope` the same for the rope ring; two "landed"
+    barriers per stage, for the TMA of e4m3 boxes 0-3 and 4-8 (the widening starts on the
+    first group while the second is in flight). E4m3 box c < 8 of stage s sits in
     kv box 16 s + 8 + c (the upper half of the stage's V boxes 4-7), box 8 in rope box
     2 s + 1 (the upper half of the stage's rope box)."""
     desc: tma.tensor_descriptor
@@ -108,9 +109,9 @@ class RawTiles:
                                        desc.block_type.shape, desc.layout)
         rope = smem.rope_smem._reinterpret(desc.dtype, [2 * smem.rope_smem.shape[0]] +
                                            desc.block_type.shape, desc.layout)
-        landed = gl.allocate_shared_memory(gl.int64, [smem.NUM_STAGES, 1],
+        landed = gl.allocate_shared_memory(gl.int64, [2 * smem.NUM_STAGES, 1],
                                            mbarrier.MBarrierLayout())
-        for i in gl.static_range(smem.NUM_STAGES):
+        for i in gl.static_range(2 * smem.NUM_STAGES):
             mbarrier.init(landed.index(i), count=1)
         return RawTiles(desc, kv, rope, landed)
 
@@ -124,13 +125,22 @@ class RawTiles:
 
     @gluon.jit
     def load(self, page_row, token, stage, PAGE_SIZE: gl.constexpr):
-        """TMA of the e4m3 tile at `token` (9 boxes, one barrier) into `stage`."""
+        """TMA of the e4m3 tile at `token` into `stage`: boxes below READY_SPLIT on the
+        stage's first "landed" barrier, the others on its second."""
         page = gl.load(page_row + token // PAGE_SIZE)
-        bar = self.landed.index(stage)
-        mbarrier.expect(bar, NUM_BOXES * self.desc.block_type.nbytes)
+        first = self.landed.index(2 * stage)
+        second = self.landed.index(2 * stage + 1)
+        mbarrier.expect(first, READY_SPLIT * self.desc.block_type.nbytes)
+        mbarrier.expect(second, (NUM_BOXES - READY_SPLIT) * self.desc.block_type.nbytes)
         for c in gl.static_range(NUM_BOXES):
-            tma.async_copy_global_to_shared(self.desc, [page, token % PAGE_SIZE, c * BOX], bar,
+            tma.async_copy_global_to_shared(self.desc, [page, token % PAGE_SIZE, c * BOX],
+                                            first if c < READY_SPLIT else second,
                                             self.box(stage, c))
+
+    @gluon.jit
+    def wait(self, stage, group: gl.constexpr, phase):
+        """Until e4m3 boxes 0-3 (group 0) or 4-8 (group 1) of the tile in `stage` have landed."""
+        mbarrier.wait(self.landed.index(2 * stage + group), phase)
 
 
 @gluon.jit
@@ -152,12 +162,13 @@ def _release_boxes(smem, stage, FIRST: gl.constexpr):
 
 
 @gluon.jit
-def _widen_in_place(smem, raw, stage):
+def _widen_in_place(smem, raw, stage, phase):
     """Widen the e4m3 tile in `stage` into its 16-bit boxes. E4m3 boxes 0-7 sit two to a 16-bit
     box in boxes 4-7, box 8 in the rope box's upper half (RawTiles). The order keeps every
     store off e4m3 bytes that some thread has not yet read:
       1. e4m3 0-3 (in 16-bit 4-5) -> 16-bit 0-3, which hold no e4m3; boxes 0-3 released;
-      2. e4m3 4-5 (in 16-bit 6) read, a barrier (all of e4m3 0-3 read), 16-bit 4-5 stored;
+      2. once e4m3 4-8 have landed, e4m3 4-5 (in 16-bit 6) read, a barrier (all of e4m3 0-3
+         read), 16-bit 4-5 stored;
       3. e4m3 6-7 (in 16-bit 7) read, a barrier (e4m3 4-5 read too), 16-bit 6-7 stored;
       4. e4m3 8 (in the rope box's upper half) read, a barrier, the rope box stored; a fence
          releases boxes 4-8.
@@ -174,6 +185,7 @@ def _widen_in_place(smem, raw, stage):
     _store_widened(smem, stage, 2, x2)
     _store_widened(smem, stage, 3, x3)
     _release_boxes(smem, stage, 0)
+    raw.wait(stage, 1, phase)
     x4 = raw.box(stage, 4).load(box_layout)
     x5 = raw.box(stage, 5).load(box_layout)
     gl.thread_barrier()
@@ -214,8 +226,8 @@ def _widen_partition(work_ptr, smem, q_desc, raw, pages, l2):
         # Barriers start in phase 0; waiting for parity 1 passes at once (first fill).
         mbarrier.wait(smem.kv_empty.index(stage), phase ^ 1)
         raw.load(page_row, token, stage, PAGE_SIZE)
-        mbarrier.wait(raw.landed.index(stage), phase)
-        _widen_in_place(smem, raw, stage)
+        raw.wait(stage, 0, phase)
+        _widen_in_place(smem, raw, stage, phase)
 
 
 @gluon.jit
