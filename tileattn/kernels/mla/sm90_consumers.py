@@ -1,7 +1,7 @@
 """The two consumer warpgroups of the Gluon MLA decode kernels (sm90.py for a 16-bit cache,
 sm90_fp8.py for e4m3); the state they share with the producer partitions is in sm90_state.py.
 The consumers read Q and KV tiles that the kernel's producer partition put in shared memory,
-and are generic in the tile size (64 keys for the 16-bit cache, 32 for e4m3: Buffers.TILE_N).
+and are generic in the tile size (Buffers.TILE_N: 64 keys for both caches today).
 
   * softmax warpgroup (the default partition, 4 warps, 256 registers): S_j = Q K_j^T over
     the 9 boxes (one copy of S: no duplicated QK^T), each wgmma issued once its box's ready
