@@ -131,7 +131,7 @@ def _loader_partition(work_ptr, smem, q_desc, kv_desc, pages, l2):
         mbarrier.wait(smem.kv_empty.index(stage), phase ^ 1)
         for c in gl.static_range(NUM_BOXES):
             # One barrier per box, so Q K^T starts on the first box while the rest land.
-            ready = smem.kv_ready.index(stage * NUM_BOXES + c)
+            ready = smem.ready(stage, c)
             mbarrier.expect(ready, kv_desc.block_type.nbytes)
             if c < V_BOXES:
                 tma.async_copy_global_to_shared(kv_desc, [page, token % PAGE_SIZE, c * BOX],
