@@ -7,7 +7,8 @@
 # Steps (ARGs are passed on to the command, one word each):
 #   tests        python -m pytest tests/gpu -n 14        the fast GPU tier (the default tier; ~2.6 min cold)
 #   tests-full   python -m pytest tests/gpu --full -n 14 the full grid too (~5 min: run it alone)
-#   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py
+#   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py (ARGs: case families)
+#   racecheck    the same under racecheck (shared-memory hazards; e.g. racecheck:mla)
 #   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
 #                (prefill-partial.json for part of the grid or of its peers; merge parts
 #                with python -m tileattn bench --merge)
@@ -136,7 +137,9 @@ for step in "$@"; do
     tests-full) logged "$PY" -m pytest -q -p no:cacheprovider -n 14 tests/gpu --full \
                   ${args[@]+"${args[@]}"} ;;
     sanitizer) logged compute-sanitizer --tool memcheck --error-exitcode 9 \
-                 "$PY" benchmarks/sanitizer_cases.py ;;
+                 "$PY" benchmarks/sanitizer_cases.py ${args[@]+"${args[@]}"} ;;
+    racecheck) logged compute-sanitizer --tool racecheck --racecheck-report hazard \
+                 --error-exitcode 9 "$PY" benchmarks/sanitizer_cases.py ${args[@]+"${args[@]}"} ;;
     prefill) logged "$PY" -m tileattn bench --out "$OUT" --budget-s "$(grid_budget)" \
                ${args[@]+"${args[@]}"} ;;
     mla) logged "$PY" -m tileattn bench --mla --out "$OUT" ${args[@]+"${args[@]}"} ;;

@@ -16,12 +16,15 @@ Odd lengths, GQA, Dv != D, causal or not, LSE on, for:
 Nothing is timed or compared: memcheck reports any out-of-bounds or misaligned access, and the
 exit status says whether it found one.
 
-    compute-sanitizer --tool memcheck --error-exitcode 9 python benchmarks/sanitizer_cases.py
+    compute-sanitizer --tool memcheck --error-exitcode 9 python benchmarks/sanitizer_cases.py [FAMILY ...]
 
-(benchmarks/gpu.sh sanitizer runs exactly that).
+(benchmarks/gpu.sh sanitizer runs exactly that; `racecheck` the same under racecheck). FAMILY is
+one of attention, hopper, serving, backward, flex, mla; none runs them all.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -229,13 +232,17 @@ def mla_cases() -> None:
             mla_case(heads, q_len, kv_dtype, [2, 70, 700], 64, "gluon")
 
 
-def main() -> None:
-    attention_cases()
-    hopper_cases()
-    serving_cases()
-    backward_cases()
-    flex_cases()
-    mla_cases()
+FAMILIES = {"attention": attention_cases, "hopper": hopper_cases, "serving": serving_cases,
+            "backward": backward_cases, "flex": flex_cases, "mla": mla_cases}
+
+
+def main(argv: list[str] | None = None) -> None:
+    names = sys.argv[1:] if argv is None else argv
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown:
+        raise SystemExit(f"unknown case families {unknown}; known: {', '.join(FAMILIES)}")
+    for name in names or FAMILIES:
+        FAMILIES[name]()
     torch.cuda.synchronize()
     print("sanitizer cases ran")
 
