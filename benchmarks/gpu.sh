@@ -8,7 +8,9 @@
 #   tests        python -m pytest tests/gpu -n 14        the fast GPU tier (the default tier; ~2.6 min cold)
 #   tests-full   python -m pytest tests/gpu --full -n 14 the full grid too (~5 min: run it alone)
 #   sanitizer    compute-sanitizer memcheck of benchmarks/sanitizer_cases.py (ARGs: case families)
-#   racecheck    the same under racecheck (shared-memory hazards; e.g. racecheck:mla)
+#   racecheck    the same under racecheck -> $OUT/racecheck.log and a summary by site
+#                (racecheck_summary.py; e.g. racecheck:mla). It reports every mbarrier hand-off
+#                between warpgroups as a hazard: read the sites, not the count.
 #   prefill      python -m tileattn bench                -> $OUT/<gpu>/prefill.json and .png
 #                (prefill-partial.json for part of the grid or of its peers; merge parts
 #                with python -m tileattn bench --merge)
@@ -139,7 +141,9 @@ for step in "$@"; do
     sanitizer) logged compute-sanitizer --tool memcheck --error-exitcode 9 \
                  "$PY" benchmarks/sanitizer_cases.py ${args[@]+"${args[@]}"} ;;
     racecheck) logged compute-sanitizer --tool racecheck --racecheck-report hazard \
-                 --error-exitcode 9 "$PY" benchmarks/sanitizer_cases.py ${args[@]+"${args[@]}"} ;;
+                 --print-limit 1000000 --log-file "$OUT/racecheck.log" \
+                 "$PY" benchmarks/sanitizer_cases.py ${args[@]+"${args[@]}"} &&
+               logged "$PY" benchmarks/racecheck_summary.py "$OUT/racecheck.log" ;;
     prefill) logged "$PY" -m tileattn bench --out "$OUT" --budget-s "$(grid_budget)" \
                ${args[@]+"${args[@]}"} ;;
     mla) logged "$PY" -m tileattn bench --mla --out "$OUT" ${args[@]+"${args[@]}"} ;;

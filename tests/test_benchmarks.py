@@ -124,6 +124,32 @@ def test_maintained_scripts_load_document_and_parse_their_arguments(path, capsys
     assert done.value.code == 0 and "usage" in capsys.readouterr().out
 
 
+RACECHECK_LOG = """========= COMPUTE-SANITIZER
+========= Error: Potential RAW hazard detected at __shared__ 0x387ca in block (0,0,0) :
+=========     Write Thread (31,0,0) at k+0x5530 in sm90_consumers.py:155
+=========     Read Thread (192,0,0) at k+0xe0 in sm90_consumers.py:323
+=========     Current Value : 0
+========= Error: Potential RAW hazard detected at __shared__ 0x387c9 in block (0,0,0) :
+=========     Write Thread (7,0,0) at k+0x5530 in sm90_consumers.py:155
+=========     Read Thread (160,0,0) at k+0xe0 in sm90_consumers.py:323
+========= Error: Potential WAR hazard detected at __shared__ 0x100 in block (1,0,0) :
+=========     Read Thread (300,0,0) at k+0x10 in sm90_fp8.py:180
+=========     Write Thread (260,0,0) at k+0x20 in sm90_fp8.py:182
+========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)
+"""
+
+
+def test_racecheck_summary_counts_hazards_by_site_and_warpgroup(tmp_path, capsys):
+    module = _load(pathlib.Path(__file__).parent.parent / "benchmarks" / "racecheck_summary.py")
+    assert module.summarise(RACECHECK_LOG) == [
+        (2, ("RAW", "Write", "sm90_consumers.py:155", 0, "Read", "sm90_consumers.py:323", 1)),
+        (1, ("WAR", "Read", "sm90_fp8.py:180", 2, "Write", "sm90_fp8.py:182", 2))]
+    log = tmp_path / "racecheck.log"
+    log.write_text(RACECHECK_LOG)
+    module.main([str(log)])
+    assert "RACECHECK SUMMARY: 3 hazards" in capsys.readouterr().out
+
+
 def test_session_runner_parses_and_explains_itself():
     assert subprocess.run(["bash", "-n", str(BENCHMARKS / "gpu.sh")]).returncode == 0
     done = subprocess.run(["bash", str(BENCHMARKS / "gpu.sh")], capture_output=True, text=True)
