@@ -1,4 +1,4 @@
-"""Every kernel family once on odd shapes, for compute-sanitizer's memcheck.
+"""Every kernel family once on odd shapes, for compute-sanitizer (memcheck; racecheck too).
 
 Odd lengths, GQA, Dv != D, causal or not, LSE on, for:
 - the portable forward kernel (bf16 and FP8, V transposed in the call; per-tensor and block
