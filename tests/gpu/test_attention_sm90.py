@@ -187,9 +187,8 @@ def test_repeat_calls_replay_here(causal, monkeypatch):
 ], ids=lambda p: str(p).replace("torch.", ""))
 def test_softcap(dtype, head_dim, causal, split, cap, q_scale):
     """softcap > 0 (Gemma-2's logit cap) in this kernel: scores s -> cap * tanh(s / cap) before
-    masking, against the fp64 reference, with a cap small enough to bend most scores. Cap 2 on
-    scores of several units sends most groups of scores to the hardware tanh (|s| > cap); cap
-    10 keeps most within the cap, where the kernel takes its polynomial."""
+    masking, against the fp64 reference, with a cap small enough to bend most scores: cap 2
+    on scores of several units (most beyond the cap), cap 10 on scores mostly within it."""
     q, k, v = make_inputs(SHAPE, head_dim, dtype)
     q = q * q_scale                                     # scores of several units: tanh bends them
     out, lse = run_sm90(q, k, v, causal, split, softcap=cap)
