@@ -88,16 +88,24 @@ def test_portable_kernel_elsewhere(case):
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_fp8_takes_the_hopper_kernel_with_enough_work(dtype):
-    """FP8 from 2^36 of work (halved under a causal mask), D != 64, V K-major (as the call
-    copies it); a row-major V stays portable."""
-    for head_dim, seqlen in ((128, 4096), (256, 4096), (96, 8192)):
+    """FP8 from 2^34 of work, under a causal mask from 2^33 (work halved), fewer queries than a
+    tile from 2^36; D != 64, V K-major (as the call copies it); a row-major V stays portable."""
+    for head_dim, seqlen in ((128, 4096), (256, 4096), (96, 8192), (128, 2048)):
         q, k, v = inputs(dtype, head_dim, seqlen)
         assert kernel(SM90, q, k, prepare_v(v), False) == "sm90"
         assert kernel(SM90, q, k, v, False) == "portable"               # row-major V
-    q, k, v = inputs(dtype, 128)
-    assert kernel(SM90, q, k, prepare_v(v), True) == "portable"         # 2^35
+    q, k, v = inputs(dtype, 128, 2048, heads=16)                        # 2^33
+    assert kernel(SM90, q, k, prepare_v(v), False) == "portable"
+    assert kernel(SM90, q, k, prepare_v(v), True) == "portable"         # 2^32 causal
+    q, k, v = inputs(dtype, 128, 2048)                                  # 2^34
+    assert kernel(SM90, q, k, prepare_v(v), True) == "sm90"             # 2^33 causal
     q, k, v = inputs(dtype, 64)
     assert kernel(SM90, q, k, prepare_v(v), False) == "portable"
+    # 64 queries, 2^18 keys: 2^36 of work, 2^35 under a causal mask.
+    q = torch.empty(1, 64, 32, 128, dtype=dtype)
+    k = v = torch.empty(1, 1 << 18, 32, 128, dtype=dtype)
+    assert kernel(SM90, q, k, prepare_v(v), False) == "sm90"
+    assert kernel(SM90, q, k, prepare_v(v), True) == "portable"
 
 
 def test_settings_force_either_kernel_where_it_runs():

@@ -81,9 +81,14 @@ SM90_MIN_WORK_D64 = 1 << 32
 # computed) keep the earlier rule, 2^34 and never at D=64, which no measurement overturned.
 SM90_TILE_QUERIES = 128
 SM90_MIN_WORK_FEW_QUERIES = 1 << 34
-# FP8 on the Hopper kernel: it lost to the portable one at 2^34 (D=128 N=1024) and won from
-# 2^38 (N=4096) on (docs/design.md, "Kernel choice").
-SM90_MIN_WORK_FP8 = 1 << 36
+# FP8 on the Hopper kernel: both forced, with V K-major or row-major (its copy timed), it won
+# at every measured call from 2^34 of work on (2^33 under a causal mask, work halved); below,
+# calls of one sequence lost where the Hopper path's copy and host time outweigh its faster
+# tiles (docs/design.md, "Kernel choice"). Fewer queries than a tile keep the earlier 2^36:
+# unmeasured there.
+SM90_MIN_WORK_FP8 = 1 << 34
+SM90_MIN_WORK_FP8_CAUSAL = 1 << 33
+SM90_MIN_WORK_FP8_FEW_QUERIES = 1 << 36
 
 
 def attention_kernel(arch: Arch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -138,7 +143,11 @@ def _sm90_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     work = batch * num_q_heads * seqlen_q * k.shape[1] * head_dim // (2 if causal else 1)
     if q.dtype in FP8_DTYPES:
-        return head_dim != 64 and work >= SM90_MIN_WORK_FP8
+        if seqlen_q < SM90_TILE_QUERIES:
+            least = SM90_MIN_WORK_FP8_FEW_QUERIES
+        else:
+            least = SM90_MIN_WORK_FP8_CAUSAL if causal else SM90_MIN_WORK_FP8
+        return head_dim != 64 and work >= least
     return (q.dtype in (torch.float16, torch.bfloat16)
             and _sm90_wins_16bit(head_dim, seqlen_q, work))
 
