@@ -40,7 +40,8 @@ def local_in_key_loops(sass):
     return sum(len(re.findall(r"\b(?:LDL|STL)\b", body)) for body in key_loops(sass))
 
 def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones=False,
-                 softcap=0.0, window_left=-1, grouped=False, block_descales=False, queries=0):
+                 softcap=0.0, window_left=-1, grouped=False, block_descales=False, queries=0,
+                 lse=True):
     """grouped (FP8): V in grouped key order (layout.py), else natural order; block_descales
     (FP8): q's and k's per 128-row block, else per tensor; queries: the config row of a dense
     call of that many queries (sm90.config_for; 0: CONFIGS')."""
@@ -64,7 +65,7 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
     assert sm90.supports(q, k, v, causal)
     out = torch.empty(batch, seqlen_q, heads, head_dim_v,
                       dtype=torch.bfloat16 if fp8 else dtype)
-    lse = None if ones else torch.empty(batch, heads, seqlen_q)
+    lse = None if ones or not lse else torch.empty(batch, heads, seqlen_q)
     config = sm90.config_for(head_dim, head_dim_v, fp8, queries)
     if split is not None:
         config = dataclasses.replace(config, split=split)
@@ -90,6 +91,8 @@ def compile_case(dtype_name, head_dim, causal, split=None, head_dim_v=None, ones
             "gmma_a_in_registers": [len(re.findall(r"GMMA\.\S+ R\d+, R\d+, gdesc", body))
                                     for body in key_loops(sass)],
             "gmma_per_key_loop": [len(re.findall(r"GMMA\.", body)) for body in key_loops(sass)],
+            "row_sum_wgmma": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n8k16", ptx)),
+            "fadd_per_key_loop": [len(re.findall(r"\bFADD\b", body)) for body in key_loops(sass)],
             "q_in_registers": config.q_in_registers,
             "split": config.split, "block_m": config.block_m, "tanh": sass.count("MUFU.TANH"),
             "key_loops": len(key_loops(sass)),
@@ -126,6 +129,9 @@ ones = {f"bf16-D128-ones-{label(True, split)}": compile_case("bf16", 128, True, 
 softcap = {f"bf16-D{d}-{label(causal, split)}-softcap": compile_case("bf16", d, causal, split,
                                                                       softcap=30.0)
            for d, causal, split in ((128, True, None), (128, False, False), (256, False, None))}
+# Without an lse (the calls whose P row sums run on the tensor cores at D=128).
+softcap.update({f"bf16-D{d}-{label(causal)}-softcap-no-lse": compile_case(
+    "bf16", d, causal, softcap=30.0, lse=False) for d, causal in ((128, True), (256, False))})
 # FP8: V K-major, in grouped or natural key order.
 fp8 = {f"{name}-D{d}-{label(causal)}{'-block' if block else ''}-"
        f"{'grouped' if grouped else 'natural'}":
@@ -326,11 +332,22 @@ def test_padded_and_unequal_head_dims_compile_and_fit(compiled):
 
 def test_softcap_compiles_fits_and_does_not_spill(compiled):
     """softcap > 0 adds a tanh (the hardware's tanh.approx) per score before the masks: every
-    row still fits, runs on wgmma and TMA, keeps P in registers and does not spill."""
-    assert len(compiled["softcap"]) == 3
+    row still fits, runs on wgmma and TMA, keeps P in registers and does not spill. Without an
+    lse at padded head dim 128 its P's row sums are P @ 1 on the tensor cores
+    (sm90.SOFTCAP_ROW_SUM_DIMS): m64n8 wgmmas, and no key loop adds P up on FADDs (a 128-key
+    block has 64 scores a thread); with an lse, or at 256, they stay on FADDs."""
+    assert len(compiled["softcap"]) == 5
     for name, row in compiled["softcap"].items():
         _fits_and_runs_on_wgmma_tma(name, row)
         assert row["tanh"] > 0, name
+        if "-D128-" in name and name.endswith("-no-lse"):
+            assert row["row_sum_wgmma"] > 0, name
+            assert max(row["fadd_per_key_loop"]) < 16, (name, row["fadd_per_key_loop"])
+        else:
+            assert row["row_sum_wgmma"] == 0, name
+    # Without softcap the sums stay on FADDs (the small wgmma measured slower there).
+    for name, row in compiled["rows"].items():
+        assert row["row_sum_wgmma"] == 0, name
 
 
 def test_fp8_compiles_fits_and_grouped_v_keys_leave_p_unshuffled(compiled):

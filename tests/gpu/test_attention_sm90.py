@@ -36,15 +36,16 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
 PADDED_DIMS = [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)]
 
 
-def run_sm90(q, k, v, causal, split=None, **masks):
+def run_sm90(q, k, v, causal, split=None, with_lse=True, **masks):
     """out, lse of the sm90 kernel, both poisoned with NaN first so that unwritten elements
-    fail the comparison. split: force the ping-pong (True) or lockstep (False) consumers;
-    masks: attention_sm90_launch's softcap / window_left."""
+    fail the comparison (lse None without with_lse). split: force the ping-pong (True) or
+    lockstep (False) consumers; masks: attention_sm90_launch's softcap / window_left."""
     assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device=q.device,
                      dtype=q.dtype)
-    lse = torch.full((batch, num_q_heads, seqlen_q), float("nan"), device=q.device)
+    lse = (torch.full((batch, num_q_heads, seqlen_q), float("nan"), device=q.device)
+           if with_lse else None)
     config = sm90.config_for(q.shape[3], v.shape[3])
     if split is not None:
         config = dataclasses.replace(config, split=split)
@@ -196,6 +197,10 @@ def test_softcap(dtype, head_dim, causal, split, cap, q_scale):
     ref, _ = attention_reference(q, k, v, causal=causal, softcap=cap)
     assert float((plain - ref).norm() / ref.norm()) > 10 * TOLERANCES[dtype]   # the cap matters
     assert_close(out, lse, q, k, v, causal, softcap=cap)
+    # Without an lse, P's row sums run on the tensor cores at D=128 (sm90.SOFTCAP_ROW_SUM_DIMS).
+    out_only, _ = run_sm90(q, k, v, causal, split, with_lse=False, softcap=cap)
+    assert not out_only.isnan().any()
+    assert float((out_only.double() - ref).norm() / ref.norm()) < TOLERANCES[dtype]
 
 
 @pytest.mark.parametrize("dtype, head_dim, causal, left, shape, split", [

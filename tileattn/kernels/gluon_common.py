@@ -55,11 +55,12 @@ def tma_ready(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
 
 @gluon.jit
 def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
-                   P_OFFSET: gl.constexpr = 0.0):
+                   P_OFFSET: gl.constexpr = 0.0, SUM_ROWS: gl.constexpr = True):
     """One block of the online softmax in base 2, on scores s whose invisible entries the
     caller has set to -inf (only when MASKED): returns (p, alpha, m_new, l_new). With
     row_offset (a row vector), row r's scores are s * qk_scale + row_offset[r]. P_OFFSET
-    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step)."""
+    scales p and the sum by 2^P_OFFSET alike (FP8 P: kernels/softmax.online_softmax_step).
+    SUM_ROWS False: l_i is returned as given (the caller sums P's rows itself)."""
     row_max = gl.max(s, 1) * qk_scale
     if row_offset is not None:
         row_max = row_max + row_offset
@@ -76,7 +77,9 @@ def online_softmax(s, m_i, l_i, qk_scale, MASKED: gl.constexpr, row_offset=None,
         shift = shift - P_OFFSET
     p = gl.exp2(s * qk_scale - gl.expand_dims(shift, 1))
     alpha = gl.exp2(m_i - m_safe)
-    l_new = l_i * alpha + gl.sum(p, 1)
+    l_new = l_i
+    if SUM_ROWS:
+        l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 

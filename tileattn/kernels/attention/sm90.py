@@ -68,6 +68,14 @@ THREE_CONSUMER_REGS = gl.constexpr(160)
 # padded to at most TMA_STORE_MAX_DIM (docs/design.md, "Hopper forward kernel").
 TMA_STORE_MAX_KEYS = 4096
 TMA_STORE_MAX_DIM = 128
+# 16-bit softcap calls that return no lse, at these padded head dims, sum P's rows on the tensor
+# cores (P @ 1, a wgmma of N = 8 beside P V; Rings.ROW_SUM_MMA): the softcap softmax, bound by
+# its two special-function ops a score, sheds an FADD a score. The sums are then of P as
+# rounded for P V, which normalises O alike but leaves the lse only bf16-accurate, so calls
+# with an lse (returned, or saved for the backward) keep fp32 sums. Without softcap the small
+# wgmma costs more than the FADDs it saves; at D=256 its accumulator spills; D=64 is
+# unmeasured (docs/design.md, "Serving masks and varlen/paged prefill").
+SOFTCAP_ROW_SUM_DIMS = (128,)
 
 
 @dataclass(frozen=True)
@@ -219,7 +227,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           SCORE_MOD: gl.constexpr, SCORE_LINEAR: gl.constexpr,
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
-                          V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr, o_desc):
+                          V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr, o_desc,
+                          ROW_SUM_MMA: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -250,7 +259,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ();
     SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem). WIDE_STORE: 16-bit out,
-    stored in 16-byte rows through shared memory (Output); o_desc (or None): out as
+    stored in 16-byte rows through shared memory (Output); ROW_SUM_MMA: P's row sums as P @ 1
+    on the tensor cores (Rings; 16-bit only); o_desc (or None): out as
     [batch, num_q_heads, seqlen_q, OUT_DIM] in boxes [1, 1, 64, padded OUT_DIM] for Output's
     TMA stores.
     VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1], program p's tiles ending at
@@ -277,7 +287,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, NUM_CONSUMERS,
-                           BLOCK_M // q_desc.block_type.shape[2])
+                           BLOCK_M // q_desc.block_type.shape[2], ROW_SUM_MMA)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
     # plain tuple does not (Triton 3.6): `args + (HALF, PINGPONG)` unwraps the constexprs to
     # Python ints that warp_specialize cannot pass ("'int' object has no attribute
@@ -444,6 +454,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
+        ROW_SUM_MMA=(softcap > 0 and q.element_size() == 2 and lse is None
+                     and max(dim, dim_v) in SOFTCAP_ROW_SUM_DIMS),
     )
     args["o_desc"] = _out_descriptor(out, dim_v, config, seqlen_k, sequences is not None)
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)

@@ -37,7 +37,9 @@ class Rings:
     """The shared memory of a program: Q's buffer and the K and V rings of NUM_STAGES tiles,
     each buffer with a ready / empty mbarrier pair, and the turn barriers of ping-pong
     consumers (one each, at least two). The tiles are [1, 1, rows, head dim], as TMA writes
-    them; Q's buffer is [boxes, 1, 1, box rows, head dim]."""
+    them; Q's buffer is [boxes, 1, 1, box rows, head dim]. With ROW_SUM_MMA, ones_smem holds
+    [8, BLOCK_N] ones with which P @ 1 sums P's rows on the tensor cores (Consumer.issue_pv);
+    otherwise it names Q's buffer and is never read."""
     q_smem: gl.shared_memory_descriptor
     k_smem: gl.shared_memory_descriptor
     v_smem: gl.shared_memory_descriptor
@@ -48,10 +50,12 @@ class Rings:
     v_ready: gl.shared_memory_descriptor
     v_empty: gl.shared_memory_descriptor
     turn_bars: gl.shared_memory_descriptor
+    ones_smem: gl.shared_memory_descriptor
+    ROW_SUM_MMA: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                 v_empty, turn_bars):
+                 v_empty, turn_bars, ones_smem, ROW_SUM_MMA):
         self.q_smem = q_smem
         self.k_smem = k_smem
         self.v_smem = v_smem
@@ -62,10 +66,12 @@ class Rings:
         self.v_ready = v_ready
         self.v_empty = v_empty
         self.turn_bars = turn_bars
+        self.ones_smem = ones_smem
+        self.ROW_SUM_MMA = gl.constexpr(ROW_SUM_MMA)
 
     @gluon.jit
     def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                 Q_BOXES: gl.constexpr):
+                 Q_BOXES: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False):
         """Allocate and initialise; every consumer partition releases every buffer, so the
         empty barriers count NUM_CONSUMERS arrivals. Q's buffer holds Q_BOXES boxes of the
         descriptor's rows (TMA boxes are powers of two: a 192-row tile is 3 of 64)."""
@@ -92,8 +98,19 @@ class Rings:
             mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+        if ROW_SUM_MMA:
+            BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+            BITS: gl.constexpr = k_desc.dtype.primitive_bitwidth
+            SWIZZLE: gl.constexpr = 128 if BLOCK_N * BITS >= 1024 else BLOCK_N * BITS // 8
+            fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+            ones_smem = gl.allocate_shared_memory(
+                k_desc.dtype, [8, BLOCK_N], gl.NVMMASharedLayout(SWIZZLE, BITS, 2),
+                gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(k_desc.dtype))
+            fence_async_shared()
+        else:
+            ones_smem = q_smem
         return Rings(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     turn_bars)
+                     turn_bars, ones_smem, ROW_SUM_MMA)
 
     @gluon.jit
     def release(self, bar):
@@ -107,6 +124,11 @@ class Rings:
         BLOCK_N: gl.constexpr = self.k_smem.shape[3]
         HEAD_DIM: gl.constexpr = self.k_smem.shape[4]
         return self.k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+
+    @gluon.jit
+    def ones_operand(self):
+        """[BLOCK_N, 8] ones: the B operand of P @ 1 (ROW_SUM_MMA), a K-major view."""
+        return self.ones_smem.permute((1, 0))
 
     @gluon.jit
     def v_operand(self, stage):
@@ -225,11 +247,12 @@ class Consumer:
     p_layout: gl.constexpr
     q_a_layout: gl.constexpr
     row_layout: gl.constexpr
+    l_layout: gl.constexpr       # ROW_SUM_MMA's [ROWS, 8] row sums (every column the same)
 
     @gluon.constexpr_function
     def __init__(self, problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
                  V_KEYS_GROUPED, P_DTYPE, Q_REGS, s_layout, o_layout, p_layout, q_a_layout,
-                 row_layout):
+                 row_layout, l_layout):
         self.problem = problem
         self.rings = rings
         self.q_op = q_op
@@ -246,6 +269,7 @@ class Consumer:
         self.p_layout = gl.constexpr(p_layout)
         self.q_a_layout = gl.constexpr(q_a_layout)
         self.row_layout = gl.constexpr(row_layout)
+        self.l_layout = gl.constexpr(l_layout)
 
     @gluon.jit
     def create(problem, rings, descales, HALF: gl.constexpr, PINGPONG: gl.constexpr,
@@ -274,6 +298,8 @@ class Consumer:
         q_a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout,
                                                        k_width=K_WIDTH)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 8, INSTR_K])
         BOX_ROWS: gl.constexpr = rings.q_smem.shape[3]
         if BOX_ROWS == ROWS:
             q_op = rings.q_smem.index(HALF).reshape([ROWS, HEAD_DIM])
@@ -281,7 +307,7 @@ class Consumer:
             q_op = rings.q_smem.index(0).reshape([BOX_ROWS, HEAD_DIM]).slice(HALF * ROWS, ROWS)
         return Consumer(problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
                         descales.V_KEYS_GROUPED, P_DTYPE, Q_REGS, s_layout, o_layout, p_layout,
-                        q_a_layout, row_layout)
+                        q_a_layout, row_layout, l_layout)
 
     @gluon.jit
     def q_operand(self):
@@ -360,6 +386,49 @@ class Consumer:
         return op
 
     @gluon.jit
+    def issue_pv(self, p_op, stage, acc, l_i):
+        """O += P V on the tile in `stage`, and with ROW_SUM_MMA l += P 1 (the row sums on the
+        tensor cores, no FADD a score): returns (acc, l_i), async."""
+        acc = warpgroup_mma(p_op, self.rings.v_operand(stage), acc, is_async=True)
+        if self.rings.ROW_SUM_MMA:
+            l_i = warpgroup_mma(p_op, self.rings.ones_operand(), l_i, is_async=True)
+        return acc, l_i
+
+    @gluon.jit
+    def retire_pv(self, acc, l_i):
+        """Wait for issue_pv's GEMMs (and every earlier one)."""
+        if self.rings.ROW_SUM_MMA:
+            acc, l_i = warpgroup_mma_wait(0, deps=(acc, l_i))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+        return acc, l_i
+
+    @gluon.jit
+    def rescale(self, acc, l_i, alpha):
+        """O (and ROW_SUM_MMA's row sums) times the block's alpha."""
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, self.o_layout)), 1)
+        if self.rings.ROW_SUM_MMA:
+            l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, self.l_layout)),
+                                       1)
+        return acc, l_i
+
+    @gluon.jit
+    def row_sums(self, l_i):
+        """The row vector of P's sums: l_i, or ROW_SUM_MMA's column 0 of every row."""
+        if self.rings.ROW_SUM_MMA:
+            l_i = gl.convert_layout(gl.max(l_i, 1), self.row_layout)
+        return l_i
+
+    @gluon.jit
+    def zero_sums(self):
+        """A tile's first row sums: [ROWS], or ROW_SUM_MMA's [ROWS, 8] accumulator."""
+        if self.rings.ROW_SUM_MMA:
+            l_i = gl.zeros([self.ROWS, 8], gl.float32, layout=self.l_layout)
+        else:
+            l_i = gl.zeros([self.ROWS], gl.float32, layout=self.row_layout)
+        return l_i
+
+    @gluon.jit
     def mask_verdict(self, rows, tile, key_start, mod_args):
         """MASK_MOD's verdict on the block of keys [key_start, key_start + BLOCK_N), computed
         before its scores are waited for, so that the hook's loads overlap the wgmma."""
@@ -436,7 +505,8 @@ class Consumer:
                 s = _keep_or_neg_inf(s, keep, kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
-                              row_offset, P_OFFSET if self.FP8 else 0.0)
+                              row_offset, P_OFFSET if self.FP8 else 0.0,
+                              not self.rings.ROW_SUM_MMA)
 
     @gluon.jit
     def linear_columns(self, tile, mod_args):
@@ -477,7 +547,8 @@ def _keep_or_neg_inf(s, keep, kv_idx, seqlen_k):
 @aggregate
 class KeyLoop:
     """What the key loop carries between blocks of a tile: O, the previous block's P (its P V not
-    issued yet; Consumer.carried_p), the softmax statistics, and the ring and turn positions
+    issued yet; Consumer.carried_p), the softmax statistics (l_i: Consumer.zero_sums' shape), and
+    the ring and turn positions
     (kv_count counts K/V tiles consumed by this program; stage and phase are the previous
     block's)."""
     acc: gl.tensor
@@ -525,21 +596,22 @@ def _key_blocks(loop, q_a, rows, tile, block_start, block_end, wg, scales, mod_a
         mbarrier.wait(rings.v_ready.index(prev_stage), prev_phase)
         turn_count = wg.wait_turn(turn_count)
         s = warpgroup_mma(q_a, rings.k_operand(stage), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, rings.v_operand(prev_stage), acc, is_async=True)
+        acc, l_i = wg.issue_pv(p_op, prev_stage, acc, l_i)
         wg.pass_turn()
         # The mask hook's verdict before S is waited for: its loads overlap the wgmma.
         keep = None
         if MASK_HOOK:
             keep = wg.mask_verdict(rows, tile, key_start, mod_args)
-        # wgmma groups retire in order: one left in flight means S_j is done, P V is not.
-        s = warpgroup_mma_wait(1, deps=(s,))
+        # wgmma groups retire in order: P V's left in flight means S_j is done, P V is not.
+        PV_GROUPS: gl.constexpr = 2 if rings.ROW_SUM_MMA else 1
+        s = warpgroup_mma_wait(PV_GROUPS, deps=(s,))
         rings.release(rings.k_empty.index(stage))
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
                                                    scales, mod_args, score_columns, MASKED,
                                                    MASK_HOOK, keep)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        acc, l_i = wg.retire_pv(acc, l_i)
         rings.release(rings.v_empty.index(prev_stage))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, wg.o_layout)), 1)
+        acc, l_i = wg.rescale(acc, l_i, alpha)
         p = wg.carried_p(p_f32)
         prev_stage = stage
         prev_phase = phase
@@ -602,11 +674,11 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_a, rows, tile, wg, scale
     p_op = wg.pv_operand(loop.p)
     mbarrier.wait(rings.v_ready.index(loop.stage), loop.phase)
     turn_count = wg.wait_turn(loop.turn_count)
-    acc = warpgroup_mma(p_op, rings.v_operand(loop.stage), loop.acc, is_async=True)
+    acc, l_i = wg.issue_pv(p_op, loop.stage, loop.acc, loop.l_i)
     wg.pass_turn()
-    acc = warpgroup_mma_wait(0, deps=(acc,))
+    acc, l_i = wg.retire_pv(acc, l_i)
     rings.release(rings.v_empty.index(loop.stage))
-    return acc, loop.m_i, loop.l_i, loop.kv_count, turn_count
+    return acc, loop.m_i, l_i, loop.kv_count, turn_count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,6 +732,7 @@ def _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales):
     (and their LSE)."""
     problem = wg.problem
     o_rows: gl.constexpr = gl.SliceLayout(1, wg.o_layout)
+    l_i = wg.row_sums(l_i)
     # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     if wg.FP8:
@@ -736,7 +809,7 @@ def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.cons
             rows = (tile.m_block * problem.BLOCK_M + HALF * wg.ROWS
                     + gl.arange(0, wg.ROWS, layout=wg.row_layout))
             m_i = gl.full([wg.ROWS], float("-inf"), gl.float32, layout=wg.row_layout)
-            l_i = gl.zeros([wg.ROWS], gl.float32, layout=wg.row_layout)
+            l_i = wg.zero_sums()
             acc = gl.zeros([wg.ROWS, wg.HEAD_DIM_V], gl.float32, layout=wg.o_layout)
             scales = TileScales(1.0, 1.0, None, 0, False)
             if wg.FP8:
