@@ -71,7 +71,7 @@ class Rings:
 
     @gluon.jit
     def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                 Q_BOXES: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False):
+                 Q_BOXES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
         """Allocate and initialise; every consumer partition releases every buffer, so the
         empty barriers count NUM_CONSUMERS arrivals. Q's buffer holds Q_BOXES boxes of the
         descriptor's rows (TMA boxes are powers of two: a 192-row tile is 3 of 64)."""
