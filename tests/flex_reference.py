@@ -57,11 +57,11 @@ def _upcast(x, descale):
 
 def reference_attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod,
                                   mod_args, block_mask_tensors, q_descale, k_descale,
-                                  v_descale, score_linear=False):
+                                  v_descale, score_linear=False, mask_uses=None):
     """Writes out [B, Sq, Hq, Dv] (and lse [B, Hq, Sq], natural log) like the kernel: scores
     q·kᵀ·scale in fp32 through score_mod, masked by the block lists and mask_mod, softmax in
-    fp64; rows seeing no key give 0 and lse -inf. score_linear (how the Hopper kernel adds
-    the score_mod) changes nothing here."""
+    fp64; rows seeing no key give 0 and lse -inf. score_linear and mask_uses (how the Hopper
+    kernel adds the score_mod and may read the mask_mod) change nothing here."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
     assert out.shape == (batch, seqlen_q, num_q_heads, v.shape[3]) and isinstance(mod_args, tuple)

@@ -145,9 +145,11 @@ window = {f"bf16-D{d}-{label(causal, split)}-window": compile_case("bf16", d, ca
                                                                     window_left=1023)
           for d, causal, split in ((128, True, None), (128, True, False), (256, False, None))}
 
-def compile_flex(head_dim, score, masked, block_size=(128, 128)):
+def compile_flex(head_dim, score, masked, block_size=(128, 128), document=False, bits=False):
     """flex_attention's launch on the Hopper kernel: a BlockMask's lists (masked) and/or an
-    ALiBi score_mod, as ops/flex.py builds it."""
+    ALiBi score_mod, as ops/flex.py builds it. document: the mask is a document mask over
+    captured ids instead of causal, its verdicts read as bits with bits (flex/mask_bits.py;
+    their values, which a GPU computes, do not matter here)."""
     from torch.nn.attention.flex_attention import create_block_mask
     from tileattn.flex.block_mask import block_mask_tensors, largest_tile
     from tileattn.flex.tile_plan import tile_plan
@@ -155,10 +157,13 @@ def compile_flex(head_dim, score, masked, block_size=(128, 128)):
     batch, heads, seqlen = 2, 4, 1000
     slopes = torch.rand(heads)
     causal = lambda b, h, q, kv: q >= kv
+    doc_ids = torch.arange(seqlen).repeat(batch, 1) // 300
+    if document:
+        causal = lambda b, h, q, kv: (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
     alibi = lambda s, b, h, q, kv: s - slopes[h] * (q - kv).abs()
     hooks = translate_mods(alibi if score else None, causal if masked else None,
                            device=torch.device("cpu"))
-    config, plan = sm90.config_for(head_dim, head_dim), None
+    config, plan, mask_bits = sm90.config_for(head_dim, head_dim), None, None
     if masked:
         mask = create_block_mask(causal, batch, 1, seqlen, seqlen, device="cpu",
                                  BLOCK_SIZE=block_size)
@@ -168,19 +173,26 @@ def compile_flex(head_dim, score, masked, block_size=(128, 128)):
         plan = tile_plan(lists, batch=batch, num_q_heads=heads, seqlen_q=seqlen,
                          seqlen_k=seqlen, block_m=128, num_programs=132,
                          kv_bytes_per_key=4 * head_dim)
+        if bits:
+            from tileattn.flex.mask_bits import MaskBits
+            mask_bits = MaskBits(torch.zeros(20, block_size[0], block_size[1] // 128, 4,
+                                             dtype=torch.int32),
+                                 torch.zeros(plan.tile_lists.shape[0], dtype=torch.int32))
     q = torch.empty(batch, seqlen, heads, head_dim, dtype=torch.bfloat16)
     launch = sm90.attention_sm90_launch(q, q, q, torch.empty_like(q), torch.empty(batch, heads, seqlen),
                                         0.1, False, config=config, block_plan=plan,
                                         score_mod=hooks.score_mod, mask_mod=hooks.mask_mod,
-                                        mod_args=hooks.mod_args)
+                                        mod_args=hooks.mod_args, mask_bits=mask_bits)
     c = cross_compile_sm90(launch, 90)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"]); f.flush()
         sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
     ptx = c.asm["ptx"]
+    loops = key_loops(sass)
     return {"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
             "hgmma": sass.count("HGMMA"), "tma": ptx.count("cp.async.bulk.tensor"),
-            "key_loops": len(key_loops(sass)),
+            "key_loops": len(loops), "loop_sizes": [b.count("\n") + 1 for b in loops],
+            "loop_loads": [len(re.findall(r"\bLDG\b", b)) for b in loops],
             "local_in_key_loops": local_in_key_loops(sass)}
 
 def compile_varlen(head_dim, causal):
@@ -208,7 +220,9 @@ varlen = {f"D{d}-{label(causal)}": compile_varlen(d, causal)
 flex = {"D128-mask": compile_flex(128, False, True), "D128-alibi": compile_flex(128, True, False),
         "D128-alibi-mask": compile_flex(128, True, True),
         "D256-mask-256x128": compile_flex(256, False, True, (256, 128)),
-        "D128-mask-128x64": compile_flex(128, False, True, (128, 64))}
+        "D128-mask-128x64": compile_flex(128, False, True, (128, 64)),
+        "D128-document-mask": compile_flex(128, False, True, document=True),
+        "D128-document-bits-mask": compile_flex(128, False, True, document=True, bits=True)}
 print(json.dumps({"rows": rows, "dims": dims, "ones": ones, "softcap": softcap,
                   "window": window, "flex": flex, "varlen": varlen, "fp8": fp8, "long": long,
                   "short": short}))
@@ -396,16 +410,34 @@ def test_flex_block_lists_and_hooks_compile_and_fit(compiled):
     at D=128. Each fits and runs on wgmma and TMA.
     Spills inside key loops: none with the mask hook alone; the ALiBi score hook keeps
     per-tile scalars on the stack in one loop (since the 16-byte epilogue a load and a store,
-    with Q in registers two of each), with block lists a few in two loops (L1 hits, bounded)."""
+    with Q in registers two of each), with block lists a few in two loops (L1 hits, bounded).
+    The document mask over captured ids, as a hook and as bits."""
     flex = compiled["flex"]
-    assert len(flex) == 5
+    assert len(flex) == 7
     for name, row in flex.items():
         assert row["shared"] <= 227 * 1024, (name, row)
         assert row["wgmma"] > 0 and row["hgmma"] > 0 and row["tma"] > 0, (name, row)
         # Two key loops per consumer without block lists, three with them.
         assert row["key_loops"] == (6 if "mask" in name else 4), (name, row)
-        allowed = {"D128-alibi-mask": 12, "D128-alibi": 4}.get(name, 0)
+        # The document hook (ids loaded for 32 columns and 2 rows a block) spills in its
+        # partial-block loops; read as bits it does not.
+        allowed = {"D128-alibi-mask": 12, "D128-alibi": 4, "D128-document-mask": 80}.get(name, 0)
         assert row["local_in_key_loops"] <= allowed, (name, row)
+
+
+def test_document_mask_read_as_bits_costs_a_bit_test_a_score(compiled):
+    """A mask_mod over captured ids (the document mask) read as bits (flex/mask_bits.py): each
+    partial-block loop loads one word a row a thread (2 loads: the hook loads the ids of its
+    32 columns and 2 rows) and comes out shorter than the hook's loop; the other loops grow
+    none."""
+    hook, bits = (compiled["flex"][name] for name in ("D128-document-mask",
+                                                      "D128-document-bits-mask"))
+    # Loops per consumer: partial blocks, full blocks, the full block crossing the end.
+    partial = [0, 3]
+    assert [bits["loop_loads"][i] for i in partial] == [2, 2], bits
+    assert all(hook["loop_loads"][i] > 8 for i in partial), hook
+    assert all(bits["loop_sizes"][i] < 0.8 * hook["loop_sizes"][i] for i in partial), (hook, bits)
+    assert all(bits["loop_sizes"][i] <= hook["loop_sizes"][i] for i in (1, 2, 4, 5)), (hook, bits)
 
 
 def test_varlen_compiles_fits_and_does_not_spill(compiled):

@@ -177,3 +177,29 @@ def test_fp8(kind, dtype, launches, head_dim=128):
 def test_fp8_d256(kind, launches):
     """D=256 FP8 (128-key blocks, the consumers' registers full) with a mask or score hook."""
     test_fp8(kind, torch.float8_e4m3fn, launches, head_dim=256)
+
+
+@pytest.mark.parametrize("kind,block_size,heads,kv_heads", [
+    ("document", (128, 128), 4, 4), ("document", (256, 256), 4, 4),
+    ("softcapped_document_bias", (128, 128), 8, 2)])
+def test_masks_over_captured_tensors_read_as_bits(kind, block_size, heads, kv_heads, launches,
+                                                  monkeypatch):
+    """A mask_mod that reads captured tensors goes to the kernel as bits (flex/mask_bits.py):
+    the output equals torch's and, bit for bit, the hook's."""
+    from tileattn.flex import mask_bits
+    given = []
+    launch = sm90.attention_sm90_launch
+
+    def recording(*args, **kwargs):
+        given.append(kwargs.get("mask_bits") is not None)
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(sm90, "attention_sm90_launch", recording)
+    arguments = _arguments(kind, torch.bfloat16, heads=heads, kv_heads=kv_heads,
+                           block_size=block_size)
+    _check(arguments, launches)
+    with tileattn.use_kernels(attention="sm90"):
+        as_bits = flex_attention(**arguments)
+        monkeypatch.setattr(mask_bits, "applies", lambda *args: False)
+        as_hook = flex_attention(**arguments)
+    assert given == [True, True, False]
+    assert torch.equal(as_bits, as_hook)

@@ -10,7 +10,7 @@ reuse the plan, so they neither synchronise nor allocate.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,8 @@ class TilePlan:
                     the element offsets of the tile's rows in kv_indices / full_kv_indices
     kv_indices, full_kv_indices   the lists (views the offsets are relative to)
     tile_ids, tile_starts         the programs' work lists (scheduler.prefill's format)
+    derived         what callers compute from the lists alone, kept as long as the plan
+                    (flex/mask_bits.py's entries)
     """
     kv_block_size: int
     tile_lists: torch.Tensor
@@ -35,6 +37,7 @@ class TilePlan:
     full_kv_indices: torch.Tensor
     tile_ids: torch.Tensor
     tile_starts: torch.Tensor
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_programs(self) -> int:

@@ -55,13 +55,15 @@ class TranslatedHook:
     """One hook: the jit function, its source, and what fills its mod_args slots
     first_slot, first_slot + 1, ...: ("walk", i) is the i-th tensor closure.captures finds
     in the function; ("fixed", tensor) a tensor the walk cannot reach, bound by identity.
-    distance_linear: a score_mod of flex/linear.py's form."""
+    distance_linear: a score_mod of flex/linear.py's form. uses: which index arguments
+    ("batch", "head", "q_idx", "kv_idx") the function reads."""
     function: object
     source: str
     role: str
     first_slot: int
     slot_sources: tuple
     distance_linear: bool = False
+    uses: frozenset = frozenset()
 
     def tensors(self, found: closure.Captures) -> list[torch.Tensor]:
         return [found.tensors[where] if kind == "walk" else where
@@ -76,12 +78,15 @@ class TranslatedHook:
 class ModHooks:
     """What a kernel takes: SCORE_MOD, SCORE_MOD_GRAD (when asked for) and MASK_MOD jit
     functions or None, and mod_args, the tensors every hook receives. score_linear: the
-    score_mod has flex/linear.py's form."""
+    score_mod has flex/linear.py's form. mask_uses: the index arguments the mask_mod reads
+    (TranslatedHook.uses); mask_reads_tensors: it reads captured tensors."""
     score_mod: object
     score_mod_grad: object
     mask_mod: object
     mod_args: tuple
     score_linear: bool = False
+    mask_uses: frozenset = frozenset()
+    mask_reads_tensors: bool = False
 
 
 @dataclass
@@ -156,8 +161,11 @@ def _translate_uncached(fn, role, first_slot, found):
     function = getattr(_load_module(source), role)
     needs_identity = any(kind == "fixed" for kind, _ in slot_sources)
     linear = role == "score_mod" and distance_linear(graph_module)
-    return (TranslatedHook(function, source, role, first_slot, tuple(slot_sources), linear),
-            needs_identity)
+    placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
+    names = ("batch", "head", "q_idx", "kv_idx")
+    uses = frozenset(name for name, node in zip(names, placeholders[-len(names):]) if node.users)
+    return (TranslatedHook(function, source, role, first_slot, tuple(slot_sources), linear,
+                           uses), needs_identity)
 
 
 def _classify_constants(graph_module, found: closure.Captures, label: str, first_slot: int):
@@ -255,6 +263,7 @@ def translate_mods(score_mod, mask_mod, *, device: torch.device,
     if with_grad and work and work[0][1] == "score_mod":
         work.append((score_mod, "score_mod_grad"))
     hooks = {"score_mod": None, "score_mod_grad": None, "mask_mod": None}
+    mask_hook = None
     linear = False
     mod_args: list[torch.Tensor] = []
     found_for: dict[int, closure.Captures] = {}
@@ -264,7 +273,10 @@ def translate_mods(score_mod, mask_mod, *, device: torch.device,
         found = found_for[id(fn)]
         hook = translate(fn, role, len(mod_args), found)
         hooks[role] = hook.function
+        mask_hook = hook if role == "mask_mod" else mask_hook
         linear = linear or hook.distance_linear
         mod_args.extend(_bound_tensors(hook, found, role, device))
     return ModHooks(hooks["score_mod"], hooks["score_mod_grad"], hooks["mask_mod"],
-                    tuple(mod_args), linear)
+                    tuple(mod_args), linear,
+                    mask_hook.uses if mask_hook is not None else frozenset(),
+                    mask_hook is not None and bool(mask_hook.slot_sources))

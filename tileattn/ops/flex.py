@@ -72,7 +72,8 @@ def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, retu
                 out.transpose(1, 2), lse, softmax_scale=scale, score_mod=hooks.score_mod,
                 mask_mod=hooks.mask_mod, mod_args=hooks.mod_args, block_mask_tensors=block_lists,
                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                score_linear=hooks.score_linear)
+                score_linear=hooks.score_linear,
+                mask_uses=hooks.mask_uses if hooks.mask_reads_tensors else None)
         return out, lse
 
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
@@ -88,9 +89,11 @@ def forward(query, key, value, *, score_mod, block_mask, scale, enable_gqa, retu
 
 def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod, mod_args,
                         block_mask_tensors, q_descale, k_descale, v_descale,
-                        score_linear: bool = False) -> None:
+                        score_linear: bool = False, mask_uses: frozenset | None = None) -> None:
     """The kernel entry point (module docstring). score_linear: translate_mods' flag (the
-    kernels add such a score_mod as a term per row and one per key column)."""
+    kernels add such a score_mod as a term per row and one per key column). mask_uses: the
+    index arguments mask_mod reads where it reads captured tensors too (ModHooks.mask_uses),
+    else None: the Hopper kernel may then read its verdicts as bits (flex/mask_bits.py)."""
     if q.shape[1] == 0:
         return
     if k.shape[1] == 0:
@@ -112,7 +115,7 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
         if transposes_v:
             v = fp8.k_major_copy(given_v, True, out=v)
         _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
-                      block_mask_tensors, score_linear, descales, transposes_v)
+                      block_mask_tensors, score_linear, descales, transposes_v, mask_uses)
         return
     if transposes_v:
         v = fp8.k_major_copy(given_v, out=v)
@@ -128,14 +131,16 @@ def attention_with_mods(q, k, v, out, lse, *, softmax_scale, score_mod, mask_mod
 
 
 def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_args,
-                  block_mask_tensors, score_linear, descales, v_keys_grouped) -> None:
+                  block_mask_tensors, score_linear, descales, v_keys_grouped,
+                  mask_uses) -> None:
     """attention_with_mods on the Hopper kernel (dispatch.flex_kernel chose it); descales:
     FP8's (q, k, v), v_keys_grouped: v is a grouped K-major copy."""
     from ..arch import num_sms
+    from ..flex import mask_bits
     from ..flex.tile_plan import tile_plan
     from ..kernels.attention import sm90
     config = sm90.config_for(q.shape[3], v.shape[3], q.dtype in FP8_DTYPES)
-    plan = None
+    plan = bits = None
     if block_mask_tensors is not None:
         config = dataclasses.replace(
             config, block_n=largest_tile(block_mask_tensors.kv_block_size, config.block_n))
@@ -144,8 +149,14 @@ def _sm90_forward(q, k, v, out, lse, softmax_scale, score_mod, mask_mod, mod_arg
                          seqlen_q=seqlen_q, seqlen_k=k.shape[1], block_m=config.block_m,
                          num_programs=num_sms(q.device),
                          kv_bytes_per_key=(q.shape[3] + v.shape[3]) * q.element_size())
+        if mask_bits.applies(mask_uses, block_mask_tensors, config.block_n):
+            bits = mask_bits.build(mask_mod, tuple(mod_args), mask_uses, plan,
+                                   block_mask_tensors, batch=batch, num_q_heads=num_q_heads,
+                                   seqlen_q=seqlen_q, seqlen_k=k.shape[1],
+                                   block_m=config.block_m)
     sm90.attention_sm90_launch(q, k, v, out, lse, softmax_scale, False, config=config,
                                block_plan=plan, score_mod=score_mod, mask_mod=mask_mod,
                                mod_args=tuple(mod_args), score_linear=score_linear,
                                q_descale=descales[0], k_descale=descales[1],
-                               v_descale=descales[2], v_keys_grouped=v_keys_grouped).run()
+                               v_descale=descales[2], v_keys_grouped=v_keys_grouped,
+                               mask_bits=bits).run()

@@ -214,7 +214,7 @@ def _loader_partition(problem, q_desc, k_desc, v_desc, rings):
 def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads,
                           gqa_group_size, seqlen_q, seqlen_k, softmax_scale_log2, softcap_in,
                           window_left, tile_lists_ptr, kv_index_ptr, full_index_ptr, mod_args,
-                          tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+                          mask_bits_ptr, bits_first_ptr, tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                           q_desc, k_desc, v_desc, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr,
                           lse_stride_h, q_descale_ptr, k_descale_ptr, v_descale_ptr,
                           stride_q_descale_b, stride_q_descale_h, stride_q_descale_t,
@@ -228,7 +228,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
                           V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr, o_desc,
-                          ROW_SUM_MMA: gl.constexpr):
+                          ROW_SUM_MMA: gl.constexpr, MASK_BITS: gl.constexpr,
+                          BITS_Q_BLOCK: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
         q_desc, k_desc, v_desc   TMA descriptors of q [batch, seqlen_q, num_q_heads, head_dim],
@@ -257,6 +258,9 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     BlockMask's; tileattn/flex/tile_plan.py):
         tile_lists_ptr   int32 [num_tiles, 5] per tile id (sm90_tiles.TILE_LIST_FIELDS)
         kv_index_ptr, full_index_ptr   int32 storage of kv_indices / full_kv_indices
+        mask_bits_ptr, bits_first_ptr  with MASK_BITS: MASK_MOD's verdicts on the partial
+                         blocks (kernels/mask_bits.py's int32 words, query blocks of
+                         BITS_Q_BLOCK rows) and int32 [num_tiles] each tile's first entry
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ();
     SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem). WIDE_STORE: 16-bit out,
     stored in 16-byte rows through shared memory (Output); ROW_SUM_MMA: P's row sums as P @ 1
@@ -271,8 +275,9 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
     problem = Problem(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                       seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left,
                       tile_lists_ptr, kv_index_ptr, full_index_ptr, tile_ends_ptr,
-                      cu_seqlens_q_ptr, cu_seqlens_k_ptr, BLOCK_M, BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT,
-                      KV_BLOCK, SCORE_MOD, SCORE_LINEAR, MASK_MOD, VARLEN)
+                      cu_seqlens_q_ptr, cu_seqlens_k_ptr, mask_bits_ptr, bits_first_ptr, BLOCK_M,
+                      BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD,
+                      SCORE_LINEAR, MASK_MOD, VARLEN, MASK_BITS, BITS_Q_BLOCK)
     # SPLIT: the consumer warpgroups are separate partitions, each releasing every buffer.
     NUM_CONSUMERS: gl.constexpr = BLOCK_M // 64 if SPLIT else 1
     o_smem = None
@@ -364,7 +369,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
                           block_plan=None, score_mod=None, mask_mod=None,
                           mod_args: tuple = (), sequences=None,
                           score_linear: bool = False, q_descale=None, k_descale=None,
-                          v_descale=None, v_keys_grouped: bool = False) -> KernelLaunch:
+                          v_descale=None, v_keys_grouped: bool = False,
+                          mask_bits=None) -> KernelLaunch:
     """The kernel launch for inputs that supports() accepted; `.run()` writes out (and lse).
     softcap > 0 caps the scores at softcap·tanh(s / softcap) and window_left >= 0 hides keys
     before p - window_left from the query at key position p (attention()'s softcap and
@@ -378,7 +384,9 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
     [total, heads, head dim] and lse [num_q_heads, total_q], as attention_varlen's.
     FP8 (dense only): v K-major, the descales per tensor, head or block (every one given);
     v_keys_grouped: v is fp8.k_major_copy(..., grouped=True)'s (keys in grouped order, rows
-    padded to whole groups, which TMA then reads)."""
+    padded to whole groups, which TMA then reads).
+    mask_bits (a flex.mask_bits.MaskBits for block_plan's lists and mask_mod, config.block_n
+    keys a chunk): partial blocks read mask_mod's verdicts from it instead of calling it."""
     if sequences is not None:
         assert block_plan is None and sequences.block_table is None
         q, k, v, out = (x.unsqueeze(0) for x in (q, k, v, out))
@@ -396,6 +404,7 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
                                   seqlen_q if sequences is None and block_plan is None else 0)
     assert block_plan is not None or mask_mod is None, "a mask hook runs on block lists only"
     assert block_plan is None or not (causal or window_left >= 0 or softcap > 0)
+    assert mask_bits is None or (mask_mod is not None and config.block_n == mask_bits.chunk_keys)
     block_m = config.block_m
     block_n = config.block_n
     # Tiles span the head dims padded to powers of two (96 -> 128, 192 -> 256).
@@ -435,7 +444,10 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         tile_lists_ptr=block_plan.tile_lists if block_plan is not None else None,
         kv_index_ptr=block_plan.kv_indices if block_plan is not None else None,
         full_index_ptr=block_plan.full_kv_indices if block_plan is not None else None,
-        mod_args=tuple(mod_args), q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
+        mod_args=tuple(mod_args),
+        mask_bits_ptr=mask_bits.bits if mask_bits is not None else None,
+        bits_first_ptr=mask_bits.first_entry if mask_bits is not None else None,
+        q_desc=q_desc, k_desc=k_desc, v_desc=v_desc,
         tile_ends_ptr=tile_ends if sequences is not None else None,
         cu_seqlens_q_ptr=sequences.cu_seqlens_q if sequences is not None else None,
         cu_seqlens_k_ptr=sequences.cu_seqlens_k if sequences is not None else None,
@@ -456,6 +468,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
         ROW_SUM_MMA=(softcap > 0 and q.element_size() == 2 and lse is None
                      and max(dim, dim_v) in SOFTCAP_ROW_SUM_DIMS),
+        MASK_BITS=mask_bits is not None,
+        BITS_Q_BLOCK=mask_bits.bits.shape[1] if mask_bits is not None else 0,
     )
     args["o_desc"] = _out_descriptor(out, dim_v, config, seqlen_k, sequences is not None)
     return KernelLaunch(attention_sm90_kernel, (programs,), args, constexprs, config.num_warps, 1)

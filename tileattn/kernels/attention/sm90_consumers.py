@@ -429,13 +429,32 @@ class Consumer:
         return l_i
 
     @gluon.jit
-    def mask_verdict(self, rows, tile, key_start, mod_args):
-        """MASK_MOD's verdict on the block of keys [key_start, key_start + BLOCK_N), computed
-        before its scores are waited for, so that the hook's loads overlap the wgmma."""
+    def mask_verdict(self, rows, tile, key_start, j, mod_args):
+        """MASK_MOD's verdict on the block of keys [key_start, key_start + BLOCK_N), partial
+        step j of the tile, computed before its scores are waited for, so that the hook's loads
+        overlap the wgmma. With MASK_BITS: (words, bit), the verdict being words & bit != 0
+        (kernels/mask_bits.py's layout: each thread reads the one word a row that holds its
+        columns' bits, the sequence end included)."""
         problem = self.problem
-        cols = key_start + gl.arange(0, problem.BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
-        return problem.MASK_MOD(tile.batch, tile.head, gl.expand_dims(rows, 1),
-                                gl.expand_dims(cols, 0), tile.seqlen_k - tile.seqlen_q, mod_args)
+        cols = gl.arange(0, problem.BLOCK_N, layout=gl.SliceLayout(0, self.s_layout))
+        if problem.MASK_BITS:
+            CHUNKS: gl.constexpr = problem.KV_BLOCK // problem.BLOCK_N
+            entry = tile.bits_first + j // CHUNKS
+            first_row = tile.m_block * problem.BLOCK_M // problem.BITS_Q_BLOCK * problem.BITS_Q_BLOCK
+            row_words = (problem.mask_bits_ptr
+                         + entry.to(gl.int64) * (problem.BITS_Q_BLOCK * CHUNKS * 4)
+                         + (rows - first_row) * (CHUNKS * 4) + (j % CHUNKS) * 4)
+            # Column 8i + 2w + j sits in the quad's thread w, as bit 2i + j of its word.
+            # The peeled first step asks for a block that may be full: nothing to read there.
+            words = gl.load(gl.expand_dims(row_words, 1) + gl.expand_dims((cols % 8) // 2, 0),
+                            mask=j < tile.first_full, other=0)
+            bit = gl.expand_dims(1 << (2 * (cols // 8) + cols % 2), 0)
+            result = (words, bit)
+        else:
+            result = problem.MASK_MOD(tile.batch, tile.head, gl.expand_dims(rows, 1),
+                                      gl.expand_dims(key_start + cols, 0),
+                                      tile.seqlen_k - tile.seqlen_q, mod_args)
+        return result
 
     @gluon.jit
     def softmax_update(self, s, m_i, l_i, rows, tile, key_start, scales, mod_args,
@@ -499,10 +518,13 @@ class Consumer:
             if problem.CAUSAL or problem.HAS_LEFT or not MASK_HOOK:
                 s = gl.where(visible, s, float("-inf"))
             if MASK_HOOK:
-                if keep is None:
-                    keep = problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx, causal_shift,
-                                            mod_args)
-                s = _keep_or_neg_inf(s, keep, kv_idx, tile.seqlen_k)
+                if problem.MASK_BITS:
+                    s = _bit_or_neg_inf(s, keep[0], keep[1])
+                else:
+                    if keep is None:
+                        keep = problem.MASK_MOD(tile.batch, tile.head, q_idx, kv_idx,
+                                                causal_shift, mod_args)
+                    s = _keep_or_neg_inf(s, keep, kv_idx, tile.seqlen_k)
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
                               row_offset, P_OFFSET if self.FP8 else 0.0,
@@ -542,6 +564,18 @@ def _keep_or_neg_inf(s, keep, kv_idx, seqlen_k):
         "selp.f32 $0, $1, 0fFF800000, p; }", "=f,f,h,r,r",
         [s, keep.to(gl.int16), kv_idx, gl.full(s.shape, seqlen_k, gl.int32, s.type.layout)],
         dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _bit_or_neg_inf(s, words, bit):
+    """where(words & bit != 0, s, -inf) for mask bits (Consumer.mask_verdict), in inline PTX
+    as _keep_or_neg_inf is: an AND with a predicate out and a select a score."""
+    words, s = gl.broadcast(words, s)
+    bit, s = gl.broadcast(bit, s)
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 t; and.b32 t, $2, $3; setp.ne.b32 p, t, 0; "
+        "selp.f32 $0, $1, 0fFF800000, p; }", "=f,f,r,r",
+        [s, words, bit], dtype=gl.float32, is_pure=True, pack=1)
 
 
 @aggregate
@@ -601,7 +635,7 @@ def _key_blocks(loop, q_a, rows, tile, block_start, block_end, wg, scales, mod_a
         # The mask hook's verdict before S is waited for: its loads overlap the wgmma.
         keep = None
         if MASK_HOOK:
-            keep = wg.mask_verdict(rows, tile, key_start, mod_args)
+            keep = wg.mask_verdict(rows, tile, key_start, j, mod_args)
         # wgmma groups retire in order: P V's left in flight means S_j is done, P V is not.
         PV_GROUPS: gl.constexpr = 2 if rings.ROW_SUM_MMA else 1
         s = warpgroup_mma_wait(PV_GROUPS, deps=(s,))
@@ -639,14 +673,17 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_a, rows, tile, wg, scale
                       gl.zeros([wg.ROWS, problem.BLOCK_N], gl.float32, layout=wg.s_layout),
                       use_acc=False, is_async=True)
     wg.pass_turn()
-    s = warpgroup_mma_wait(0, deps=(s,))
-    rings.release(rings.k_empty.index(stage))
     LISTED: gl.constexpr = problem.KV_BLOCK > 0
     HOOKED: gl.constexpr = LISTED and problem.MASK_MOD is not None
+    keep = None
+    if problem.MASK_BITS:
+        keep = wg.mask_verdict(rows, tile, key_start, first, mod_args)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    rings.release(rings.k_empty.index(stage))
     if HOOKED and first < tile.first_full:   # a partial block: MASK_MOD applies
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
                                                    scales, mod_args, score_columns, True,
-                                                   True)
+                                                   True, keep)
     else:
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
                                                    scales, mod_args, score_columns, True,

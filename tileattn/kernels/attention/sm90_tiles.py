@@ -10,7 +10,9 @@ Problem.key_start(tile, j). Steps in [first_full, num_full) need no mask; the ot
   * Block lists (KV_BLOCK > 0, FlexAttention's BlockMask, tileattn/flex/tile_plan.py): a
     tile's steps are its partial blocks, then its full ones, each block KV_BLOCK keys walked
     BLOCK_N at a time. Partial steps take MASK_MOD; full steps none, except the last listed
-    block when it crosses the sequence end (bounds only).
+    block when it crosses the sequence end (bounds only). With MASK_BITS partial steps read
+    the mask hook's verdicts as bits (kernels/mask_bits.py's layout) instead of calling it:
+    a tile's partial block i is entry bits_first + i, its rows those of its mask query block.
 
 No `from __future__ import annotations` here: Gluon checks aggregate fields against their
 annotations at compile time, so the annotations must be classes, not strings.
@@ -38,7 +40,9 @@ class Problem:
     (masks.py's rule): tiles visit only the key blocks of their window. With KV_BLOCK > 0 the
     tiles visit block lists (module docstring; tile_lists, kv_index_ptr, full_index_ptr).
     SCORE_MOD / MASK_MOD: docs/design.md's hooks ("Mods"), or None; SCORE_LINEAR: SCORE_MOD is
-    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py)."""
+    score + c (q_idx - kv_idx) + d with c, d fixed by batch and head (flex/linear.py).
+    MASK_BITS: MASK_MOD's verdicts come from mask_bits_ptr (kernels/mask_bits.py's words, for
+    query blocks of BITS_Q_BLOCK rows), a tile's first entry from bits_first_ptr[tile id]."""
     tile_ids_ptr: Scalar
     tile_starts_ptr: Scalar
     num_m_blocks: Scalar
@@ -55,6 +59,8 @@ class Problem:
     tile_ends_ptr: Scalar
     cu_seqlens_q_ptr: Scalar
     cu_seqlens_k_ptr: Scalar
+    mask_bits_ptr: Scalar
+    bits_first_ptr: Scalar
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     NUM_STAGES: gl.constexpr
@@ -66,14 +72,16 @@ class Problem:
     SCORE_LINEAR: gl.constexpr
     MASK_MOD: gl.constexpr
     VARLEN: gl.constexpr
+    MASK_BITS: gl.constexpr
+    BITS_Q_BLOCK: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_heads, gqa_group_size,
                  seqlen_q, seqlen_k, softmax_scale_log2, softcap_in, window_left, tile_lists_ptr,
                  kv_index_ptr, full_index_ptr, tile_ends_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
-                 BLOCK_M,
+                 mask_bits_ptr, bits_first_ptr, BLOCK_M,
                  BLOCK_N, NUM_STAGES, CAUSAL, SOFTCAP, HAS_LEFT, KV_BLOCK, SCORE_MOD,
-                 SCORE_LINEAR, MASK_MOD, VARLEN):
+                 SCORE_LINEAR, MASK_MOD, VARLEN, MASK_BITS, BITS_Q_BLOCK):
         self.tile_ids_ptr = scalar(tile_ids_ptr)
         self.tile_starts_ptr = scalar(tile_starts_ptr)
         self.num_m_blocks = scalar(num_m_blocks)
@@ -90,6 +98,8 @@ class Problem:
         self.tile_ends_ptr = scalar(tile_ends_ptr)
         self.cu_seqlens_q_ptr = scalar(cu_seqlens_q_ptr)
         self.cu_seqlens_k_ptr = scalar(cu_seqlens_k_ptr)
+        self.mask_bits_ptr = scalar(mask_bits_ptr)
+        self.bits_first_ptr = scalar(bits_first_ptr)
         self.BLOCK_M = gl.constexpr(BLOCK_M)
         self.BLOCK_N = gl.constexpr(BLOCK_N)
         self.NUM_STAGES = gl.constexpr(NUM_STAGES)
@@ -101,6 +111,8 @@ class Problem:
         self.SCORE_LINEAR = gl.constexpr(SCORE_LINEAR)
         self.MASK_MOD = gl.constexpr(MASK_MOD)
         self.VARLEN = gl.constexpr(VARLEN)
+        self.MASK_BITS = gl.constexpr(MASK_BITS)
+        self.BITS_Q_BLOCK = gl.constexpr(BITS_Q_BLOCK)
 
     @gluon.jit
     def tile_range(self):
@@ -144,9 +156,12 @@ class Problem:
         num_clean = num_partial + gl.load(row + 2)
         partial_ptr = self.kv_index_ptr + gl.load(row + 3)
         full_ptr = self.full_index_ptr + gl.load(row + 4)
+        bits_first = 0
+        if self.MASK_BITS:
+            bits_first = gl.load(self.bits_first_ptr + tile)
         return WorkTile(m_block, batch, head, kv_head, 0, num_partial * STEPS, num_listed * STEPS,
                         num_clean * STEPS, partial_ptr, full_ptr, 0, 0, self.seqlen_q,
-                        self.seqlen_k)
+                        self.seqlen_k, bits_first)
 
     @gluon.jit
     def _dense_tile(self, m_block, batch, head, kv_head, q_start, k_start, seqlen_q, seqlen_k):
@@ -174,7 +189,7 @@ class Problem:
             first_full = gl.cdiv(gl.maximum(last_row + causal_shift - self.window_left, 0),
                                  self.BLOCK_N)
         return WorkTile(m_block, batch, head, kv_head, first_block, first_full, num_blocks,
-                        num_full, 0, 0, q_start, k_start, seqlen_q, seqlen_k)
+                        num_full, 0, 0, q_start, k_start, seqlen_q, seqlen_k, 0)
 
     @gluon.jit
     def runs(self, tile):
@@ -209,7 +224,7 @@ class WorkTile:
     diagonal or the sequence end; block lists: partial steps, then full ones). partial_ptr /
     full_ptr: the tile's rows of the block lists (block lists only). Its sequence: queries
     [q_start, q_start + seqlen_q) and keys [k_start, k_start + seqlen_k) of the (packed, with
-    VARLEN) tensors."""
+    VARLEN) tensors. bits_first: with MASK_BITS, the bits entry of its first partial block."""
     m_block: Scalar
     batch: Scalar
     head: Scalar
@@ -224,10 +239,12 @@ class WorkTile:
     k_start: Scalar
     seqlen_q: Scalar
     seqlen_k: Scalar
+    bits_first: Scalar
 
     @gluon.constexpr_function
     def __init__(self, m_block, batch, head, kv_head, first_block, first_full, num_blocks,
-                 num_full, partial_ptr, full_ptr, q_start, k_start, seqlen_q, seqlen_k):
+                 num_full, partial_ptr, full_ptr, q_start, k_start, seqlen_q, seqlen_k,
+                 bits_first):
         self.m_block = scalar(m_block)
         self.batch = scalar(batch)
         self.head = scalar(head)
@@ -242,3 +259,4 @@ class WorkTile:
         self.k_start = scalar(k_start)
         self.seqlen_q = scalar(seqlen_q)
         self.seqlen_k = scalar(seqlen_k)
+        self.bits_first = scalar(bits_first)
