@@ -28,8 +28,9 @@ next power of two, TMA zero-fills the padding and the store masks it off. The po
 are in attention_sm90_kernel's docstring.
 
 This file holds the loader partition, the kernel, its config table, its launcher and
-supports(); the kernel state (Gluon aggregates) and the consumer warpgroups are in
-sm90_consumers.py. Where attention() prefers this kernel is dispatch.py's; compiling it without
+supports(); the shared state (rings, FP8 descales) is in sm90_state.py, the problem and its
+work tiles in sm90_tiles.py, the consumer warpgroups in sm90_consumers.py and their epilogue in
+sm90_epilogue.py. Where attention() prefers this kernel is dispatch.py's; compiling it without
 a GPU is kernels/compile.py's (cross_compile_sm90).
 """
 
@@ -48,7 +49,9 @@ from ...arch import FP8_DTYPES, num_sms
 from ...scheduler import heads_per_group, prefill_work_lists, varlen_work_lists
 from .configs import block_descale_stride, descale_args, padded_head_dim
 from .layout import k_major_width
-from .sm90_consumers import Descales, Output, Rings, consumer_partition
+from .sm90_consumers import consumer_partition
+from .sm90_epilogue import Output
+from .sm90_state import Descales, Rings
 from .sm90_tiles import Problem
 from .. import mods
 from ..runtime import KernelLaunch

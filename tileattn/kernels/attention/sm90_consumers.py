@@ -1,11 +1,11 @@
 """The consumer side of the Hopper attention kernel (sm90.py): warpgroups that run
-S = Q K^T and O += P V on wgmma over the K/V rings the loader fills, the online softmax between
-them, and the epilogue. Also the state that loader and consumers share.
+S = Q K^T and O += P V on wgmma over the K/V rings the loader fills (sm90_state.py), the
+online softmax between them, and the consumer partition, whose epilogue is sm90_epilogue.py's.
 
-What is here, top to bottom: the kernel's state as Gluon aggregates (the shared-memory rings,
-one consumer partition, the key loop's carried values; the problem and its work tiles are in
-sm90_tiles.py); the turn barriers of the ping-pong consumers; the key loop; the consumer
-partition with its epilogue. Pointer layouts are in sm90.attention_sm90_kernel's docstring.
+What is here, top to bottom: one consumer warpgroup as a Gluon aggregate (the problem and its
+work tiles are in sm90_tiles.py) with the turn barriers of the ping-pong consumers, the
+softmax and the mask hooks' selects; the key loop's carried values and the key loop; the
+consumer partition. Pointer layouts are in sm90.attention_sm90_kernel's docstring.
 
 No `from __future__ import annotations` here: Gluon checks aggregate fields against their
 annotations at compile time, so the annotations must be classes, not strings.
@@ -14,216 +14,13 @@ annotations at compile time, so the annotations must be classes, not strings.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
-from ..gluon_common import Scalar, online_softmax, release, scalar
-from .configs import DESCALE_BLOCK_ROWS
-from .fwd import FP8_P_OFFSET
+from ..gluon_common import Scalar, online_softmax, scalar
+from .sm90_epilogue import store_tile
+from .sm90_state import P_OFFSET, Rings, TileScales
 from .sm90_tiles import Problem
-
-# FP8 P is exp2(s - max + P_OFFSET), inside e4m3's normal range (the portable kernel's rule).
-P_OFFSET = gl.constexpr(FP8_P_OFFSET)
-# Rows a block descale covers (q's, k's; configs.DESCALE_BLOCK_ROWS).
-DESCALE_ROWS = gl.constexpr(DESCALE_BLOCK_ROWS)
-
-
-# ---------------------------------------------------------------------------------------------
-# State
-# ---------------------------------------------------------------------------------------------
-
-@aggregate
-class Rings:
-    """The shared memory of a program: Q's buffer and the K and V rings of NUM_STAGES tiles,
-    each buffer with a ready / empty mbarrier pair, and the turn barriers of ping-pong
-    consumers (one each, at least two). The tiles are [1, 1, rows, head dim], as TMA writes
-    them; Q's buffer is [boxes, 1, 1, box rows, head dim]. With ROW_SUM_MMA, ones_smem holds
-    [8, BLOCK_N] ones with which P @ 1 sums P's rows on the tensor cores (Consumer.issue_pv);
-    otherwise it names Q's buffer and is never read."""
-    q_smem: gl.shared_memory_descriptor
-    k_smem: gl.shared_memory_descriptor
-    v_smem: gl.shared_memory_descriptor
-    q_ready: gl.shared_memory_descriptor
-    q_empty: gl.shared_memory_descriptor
-    k_ready: gl.shared_memory_descriptor
-    k_empty: gl.shared_memory_descriptor
-    v_ready: gl.shared_memory_descriptor
-    v_empty: gl.shared_memory_descriptor
-    turn_bars: gl.shared_memory_descriptor
-    ones_smem: gl.shared_memory_descriptor
-    ROW_SUM_MMA: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                 v_empty, turn_bars, ones_smem, ROW_SUM_MMA):
-        self.q_smem = q_smem
-        self.k_smem = k_smem
-        self.v_smem = v_smem
-        self.q_ready = q_ready
-        self.q_empty = q_empty
-        self.k_ready = k_ready
-        self.k_empty = k_empty
-        self.v_ready = v_ready
-        self.v_empty = v_empty
-        self.turn_bars = turn_bars
-        self.ones_smem = ones_smem
-        self.ROW_SUM_MMA = gl.constexpr(ROW_SUM_MMA)
-
-    @gluon.jit
-    def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                 Q_BOXES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
-        """Allocate and initialise; every consumer partition releases every buffer, so the
-        empty barriers count NUM_CONSUMERS arrivals. Q's buffer holds Q_BOXES boxes of the
-        descriptor's rows (TMA boxes are powers of two: a 192-row tile is 3 of 64)."""
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BOXES] + q_desc.block_type.shape,
-                                           q_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
-                                           k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
-                                           v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        TURNS: gl.constexpr = NUM_CONSUMERS if NUM_CONSUMERS > 2 else 2
-        turn_bars = gl.allocate_shared_memory(gl.int64, [TURNS, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready, count=1)
-        mbarrier.init(q_empty, count=NUM_CONSUMERS)
-        for i in gl.static_range(TURNS):
-            mbarrier.init(turn_bars.index(i), count=1)
-        for i in gl.static_range(NUM_STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
-        if ROW_SUM_MMA:
-            BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-            BITS: gl.constexpr = k_desc.dtype.primitive_bitwidth
-            SWIZZLE: gl.constexpr = 128 if BLOCK_N * BITS >= 1024 else BLOCK_N * BITS // 8
-            fill: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
-            ones_smem = gl.allocate_shared_memory(
-                k_desc.dtype, [8, BLOCK_N], gl.NVMMASharedLayout(SWIZZLE, BITS, 2),
-                gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(k_desc.dtype))
-            fence_async_shared()
-        else:
-            ones_smem = q_smem
-        return Rings(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     turn_bars, ones_smem, ROW_SUM_MMA)
-
-    @gluon.jit
-    def release(self, bar):
-        """Arrive on a K/V empty or turn barrier, once for the warpgroup (a per-thread arrive
-        that skips the warpgroup barrier before it lost 0-5%: docs/design.md)."""
-        release(bar, False)
-
-    @gluon.jit
-    def k_operand(self, stage):
-        """K^T [head dim, BLOCK_N] of the tile in `stage`: a K-major view of the tile."""
-        BLOCK_N: gl.constexpr = self.k_smem.shape[3]
-        HEAD_DIM: gl.constexpr = self.k_smem.shape[4]
-        return self.k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-
-    @gluon.jit
-    def ones_operand(self):
-        """[BLOCK_N, 8] ones: the B operand of P @ 1 (ROW_SUM_MMA), a K-major view."""
-        return self.ones_smem.permute((1, 0))
-
-    @gluon.jit
-    def v_operand(self, stage):
-        """V [BLOCK_N, padded head dim of V] of the tile in `stage`: the row-major tile, or for
-        FP8 a K-major view of the [head dim, BLOCK_N] tile (8-bit wgmma reads B K-major only)."""
-        if self.v_smem.dtype.primitive_bitwidth == 8:
-            HEAD_DIM_V: gl.constexpr = self.v_smem.shape[3]
-            BLOCK_N: gl.constexpr = self.v_smem.shape[4]
-            view = self.v_smem.index(stage).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0))
-        else:
-            BLOCK_N: gl.constexpr = self.v_smem.shape[3]
-            HEAD_DIM_V: gl.constexpr = self.v_smem.shape[4]
-            view = self.v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
-        return view
-
-
-@aggregate
-class TileScales:
-    """A tile's FP8 descales: qk (q's, times k's unless K_BLOCKED) and v; with K_BLOCKED, k's
-    row of block descales (one per DESCALE_ROWS keys, stride_kt apart)."""
-    qk: Scalar
-    v: Scalar
-    k_row: Scalar
-    stride_kt: Scalar
-    K_BLOCKED: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, qk, v, k_row, stride_kt, K_BLOCKED):
-        self.qk = scalar(qk)
-        self.v = scalar(v)
-        self.k_row = scalar(k_row)
-        self.stride_kt = scalar(stride_kt)
-        self.K_BLOCKED = gl.constexpr(K_BLOCKED)
-
-    @gluon.jit
-    def at(self, key_start):
-        """The q·k descale of the key block starting at key_start (BLOCK_N divides
-        DESCALE_ROWS, so a block lies in one descale block)."""
-        if self.K_BLOCKED:
-            qk = self.qk * gl.load(self.k_row + (key_start // DESCALE_ROWS) * self.stride_kt)
-        else:
-            qk = self.qk
-        return qk
-
-
-@aggregate
-class Descales:
-    """FP8's descales (FP8): q's per (batch, query head), k's and v's per (batch, kv head), read
-    through strides (0 for a per-tensor scalar); q's and k's may also be per block of
-    DESCALE_ROWS rows (stride_qt, and stride_kt with K_BLOCKED; a tile's BLOCK_M rows are one
-    q block). q's and k's fold into the softmax scale, v's into the output's normalisation.
-    V_KEYS_GROUPED: V's keys come in grouped order (layout.key_at_grouped_position)."""
-    q_ptr: Scalar
-    k_ptr: Scalar
-    v_ptr: Scalar
-    stride_qb: Scalar
-    stride_qh: Scalar
-    stride_qt: Scalar
-    stride_kb: Scalar
-    stride_kh: Scalar
-    stride_kt: Scalar
-    stride_vb: Scalar
-    stride_vh: Scalar
-    FP8: gl.constexpr
-    K_BLOCKED: gl.constexpr
-    V_KEYS_GROUPED: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, q_ptr, k_ptr, v_ptr, stride_qb, stride_qh, stride_qt, stride_kb,
-                 stride_kh, stride_kt, stride_vb, stride_vh, FP8, K_BLOCKED, V_KEYS_GROUPED):
-        self.q_ptr = scalar(q_ptr)
-        self.k_ptr = scalar(k_ptr)
-        self.v_ptr = scalar(v_ptr)
-        self.stride_qb = scalar(stride_qb)
-        self.stride_qh = scalar(stride_qh)
-        self.stride_qt = scalar(stride_qt)
-        self.stride_kb = scalar(stride_kb)
-        self.stride_kh = scalar(stride_kh)
-        self.stride_kt = scalar(stride_kt)
-        self.stride_vb = scalar(stride_vb)
-        self.stride_vh = scalar(stride_vh)
-        self.FP8 = gl.constexpr(FP8)
-        self.K_BLOCKED = gl.constexpr(K_BLOCKED)
-        self.V_KEYS_GROUPED = gl.constexpr(V_KEYS_GROUPED)
-
-    @gluon.jit
-    def of_tile(self, tile):
-        """The tile's TileScales; FP8 only."""
-        qk = gl.load(self.q_ptr + tile.batch * self.stride_qb + tile.head * self.stride_qh
-                     + tile.m_block * self.stride_qt)
-        k_row = self.k_ptr + tile.batch * self.stride_kb + tile.kv_head * self.stride_kh
-        if not self.K_BLOCKED:
-            qk = qk * gl.load(k_row)
-        v = gl.load(self.v_ptr + tile.batch * self.stride_vb + tile.kv_head * self.stride_vh)
-        return TileScales(qk, v, k_row, self.stride_kt, self.K_BLOCKED)
 
 
 @aggregate
@@ -718,117 +515,6 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_a, rows, tile, wg, scale
     return acc, loop.m_i, l_i, loop.kv_count, turn_count
 
 
-# ---------------------------------------------------------------------------------------------
-# Partition
-# ---------------------------------------------------------------------------------------------
-
-@aggregate
-class Output:
-    """Where the epilogue writes: out (OUT_DIM columns, V's head dim; the tile may be wider, its
-    padding is not stored) and, with RETURN_LSE, lse ([batch, heads, seqlen_q], or with VARLEN
-    packed [heads, total_q]: a head's row lse_stride_h long). WIDE_STORE (16-bit out): O goes
-    through shared memory into 16-byte row pieces a thread; the accumulator's own layout stores
-    4 bytes at a time, and those stores held the epilogue up (docs/design.md, "Hopper forward
-    kernel"). TMA_STORE (dense 16-bit out of a 64-row consumer): O goes into o_smem (a buffer a
-    consumer) and out by a TMA copy that the consumer does not wait for until its next tile's
-    epilogue; o_desc views out as [batch, heads, seqlen_q, OUT_DIM] in 64-row boxes (else both
-    are None)."""
-    out_ptr: gl.tensor
-    stride_ob: Scalar
-    stride_os: Scalar
-    stride_oh: Scalar
-    lse_ptr: Scalar
-    lse_stride_h: Scalar
-    OUT_DIM: gl.constexpr
-    RETURN_LSE: gl.constexpr
-    WIDE_STORE: gl.constexpr
-    o_desc: tma.tensor_descriptor | gl.constexpr
-    o_smem: gl.shared_memory_descriptor | gl.constexpr
-    TMA_STORE: gl.constexpr
-
-    @gluon.constexpr_function
-    def __init__(self, out_ptr, stride_ob, stride_os, stride_oh, lse_ptr, lse_stride_h, OUT_DIM,
-                 RETURN_LSE, WIDE_STORE, o_desc, o_smem):
-        self.out_ptr = out_ptr
-        self.stride_ob = scalar(stride_ob)
-        self.stride_os = scalar(stride_os)
-        self.stride_oh = scalar(stride_oh)
-        self.lse_ptr = scalar(lse_ptr)
-        self.lse_stride_h = scalar(lse_stride_h)
-        self.OUT_DIM = gl.constexpr(OUT_DIM)
-        self.RETURN_LSE = gl.constexpr(RETURN_LSE)
-        self.WIDE_STORE = gl.constexpr(WIDE_STORE)
-        self.TMA_STORE = gl.constexpr(o_smem is not None)
-        self.o_desc = o_desc if self.TMA_STORE else gl.constexpr(None)
-        self.o_smem = o_smem if self.TMA_STORE else gl.constexpr(None)
-
-
-@gluon.jit
-def _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales):
-    """Normalise O (FP8: and apply V's descale) and write this partition's rows of the tile
-    (and their LSE)."""
-    problem = wg.problem
-    o_rows: gl.constexpr = gl.SliceLayout(1, wg.o_layout)
-    l_i = wg.row_sums(l_i)
-    # Rows that see no key at all (seqlen_q > seqlen_k under causal) output 0, lse -inf.
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    if wg.FP8:
-        acc = acc * gl.expand_dims(gl.convert_layout(scales.v / l_safe, o_rows), 1)
-    else:
-        acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, o_rows), 1)
-    values = acc.to(output.out_ptr.dtype.element_ty)
-    if output.TMA_STORE:
-        buffer = output.o_smem.index(wg.HALF)
-        # This consumer's previous tile has left the buffer (the copy's issuing thread waits;
-        # the barrier holds the others).
-        tma.store_wait(0)
-        gl.thread_barrier()
-        buffer.reshape([wg.ROWS, wg.HEAD_DIM_V]).store(values)
-        fence_async_shared()
-        gl.thread_barrier()
-        row = tile.m_block * problem.BLOCK_M + wg.HALF * wg.ROWS     # dense: from row 0
-        tma.async_copy_shared_to_global(output.o_desc, [tile.batch, tile.head, row, 0], buffer)
-    elif output.WIDE_STORE:
-        # The accumulator's thread holds 2 adjacent columns in 8; 8 adjacent ones here.
-        # wgmma gives each warp 16 of the partition's rows: ROWS // 16 warps.
-        COLUMN_THREADS: gl.constexpr = wg.HEAD_DIM_V // 8
-        store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS,
-                                                               COLUMN_THREADS],
-                                                      [wg.ROWS // 16, 1], [1, 0])
-        values = gl.convert_layout(values, store_layout)
-        _write_out(values, tile, output, wg, store_layout)
-    else:
-        _write_out(values, tile, output, wg, wg.o_layout)
-    if output.RETURN_LSE:
-        log2_l = gl.log2(l_safe)
-        if wg.FP8:
-            log2_l = log2_l - P_OFFSET     # p and l carry 2^P_OFFSET
-        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + log2_l) * 0.6931471805599453)
-        if problem.VARLEN:
-            lse_ptrs = (output.lse_ptr + tile.head.to(gl.int64) * output.lse_stride_h
-                        + tile.q_start + rows)
-        else:
-            batch_head = tile.batch * problem.num_q_heads + tile.head
-            lse_ptrs = output.lse_ptr + batch_head.to(gl.int64) * problem.seqlen_q + rows
-        gl.store(lse_ptrs, lse, mask=rows < tile.seqlen_q)
-
-
-@gluon.jit
-def _write_out(values, tile, output, wg, layout: gl.constexpr):
-    """Store this partition's ROWS x HEAD_DIM_V tile of out, values in `layout`."""
-    out_rows = (tile.m_block * wg.problem.BLOCK_M + wg.HALF * wg.ROWS
-                + gl.arange(0, wg.ROWS, layout=gl.SliceLayout(1, layout)))
-    out_cols = gl.arange(0, wg.HEAD_DIM_V, layout=gl.SliceLayout(0, layout))
-    out_ptrs = (output.out_ptr + tile.batch.to(gl.int64) * output.stride_ob
-                + tile.head.to(gl.int64) * output.stride_oh
-                + gl.expand_dims((tile.q_start + out_rows).to(gl.int64) * output.stride_os, 1)
-                + gl.expand_dims(out_cols, 0))
-    out_mask = gl.expand_dims(out_rows < tile.seqlen_q, 1)
-    if output.OUT_DIM != wg.HEAD_DIM_V:
-        out_mask = out_mask & gl.expand_dims(out_cols < output.OUT_DIM, 0)
-    gl.store(out_ptrs, values, mask=out_mask)
-
-
 @gluon.jit
 def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.constexpr,
                        PINGPONG: gl.constexpr, Q_REGS: gl.constexpr):
@@ -858,7 +544,7 @@ def consumer_partition(problem, output, descales, rings, mod_args, HALF: gl.cons
                     mod_args, wg.linear_columns(tile, mod_args))
             else:
                 mbarrier.arrive(rings.q_empty, count=1)
-            _store_tile(acc, m_i, l_i, rows, tile, output, wg, scales)
+            store_tile(acc, m_i, l_i, rows, tile, output, wg, scales)
             tile_count += 1
     if output.TMA_STORE:
         tma.store_wait(0)
