@@ -9,11 +9,13 @@ Per point (B=4, H=32, D, N, causal; ../shared/BENCHMARKS.md's shapes and FLOP co
     cudnn-fp8           cudnn-frontend sdpa_fp8 (e4m3 in and out), when the wheel is installed
     tileattn-bf16, cudnn-bf16
 and at --cost-points the end-to-end cost of quantizing bf16 q/k/v and attending:
-    quantize+attention per setting (tensor; block+smooth+rotate), ms and the ratio to tensor.
+    quantize+attention per setting (tensor; block+smooth+rotate), ms (the median of
+    common.ROUNDS interleaved rounds, as the backward and mods grids time their points;
+    ms_rounds keeps each) and the ratio to tensor.
 Every timed call is first checked against cuDNN bf16 of the same point.
 
     python benchmarks/fp8_prefill.py [--head-dims 128 256] [--contexts 1024 4096 16384]
-                                     [--out DIR]
+                                     [--cost-only] [--out DIR]
 
 Output: the results file <gpu>/fp8.json under --out (default benchmarks/results in a checkout;
 fp8-partial.json for a subset of the default points). `bash benchmarks/gpu.sh fp8` runs it.
@@ -22,12 +24,14 @@ fp8-partial.json for a subset of the default points). `bash benchmarks/gpu.sh fp
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
 import tileattn
 from tileattn.bench import prefill
-from tileattn.bench.common import device_facts, spin_up, time_ms, write_results
+from tileattn.bench.common import (device_facts, spin_up, time_interleaved, time_ms,
+                                   write_results)
 
 E4M3 = torch.float8_e4m3fn
 BEST = dict(per="block", smooth_k=True, rotate=True)
@@ -71,12 +75,14 @@ def main(argv=None) -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--cost-points", default="128:16384",
                         help="D:N points for the quantize+attention cost (comma-separated)")
+    parser.add_argument("--cost-only", action="store_true",
+                        help="only the quantize+attention cost (a partial results file)")
     parser.add_argument("--out", default=None, help="results folder (see above)")
     args = parser.parse_args(argv)
     columns = _columns()
     spin_up()
     rows = []
-    for head_dim in args.head_dims:
+    for head_dim in [] if args.cost_only else args.head_dims:
         for context in args.contexts:
             for causal in (False, True):
                 gen = torch.Generator(device="cuda").manual_seed(context + head_dim)
@@ -104,19 +110,23 @@ def main(argv=None) -> None:
         q, k, v = (torch.randn(prefill.BATCH, context, prefill.HEADS, head_dim, device="cuda",
                                dtype=torch.bfloat16) for _ in range(3))
         for causal in (False, True):
-            times = {}
+            calls = {}
             for setting_name, setting in (("tensor", dict(per="tensor")),
                                           ("block+smooth+rotate", BEST)):
                 def end_to_end(setting=setting):
                     q8, k8, v8, scales = tileattn.quantize_qkv_fp8(q, k, v, **setting)
                     return tileattn.attention(q8, k8, v8, causal=causal, **scales)
                 end_to_end()
-                times[setting_name] = time_ms(end_to_end)
+                calls[setting_name] = end_to_end
+            rounds = time_interleaved(calls)
+            times = {name: statistics.median(ms) for name, ms in rounds.items()}
             ratio = times["block+smooth+rotate"] / times["tensor"]
-            cost.append(dict(D=head_dim, N=context, causal=causal, ms=times, ratio=ratio))
+            cost.append(dict(D=head_dim, N=context, causal=causal, ms=times, ms_rounds=rounds,
+                             ratio=ratio))
             print(f"quantize+attention D={head_dim} N={context} causal={causal}: "
                   f"{times} block+smooth+rotate/tensor {ratio:.3f}", flush=True)
-    complete = set(args.head_dims) >= set(HEAD_DIMS) and set(args.contexts) >= set(CONTEXTS)
+    complete = (not args.cost_only and set(args.head_dims) >= set(HEAD_DIMS)
+                and set(args.contexts) >= set(CONTEXTS))
     path = write_results("fp8", dict(device_facts(), rows=rows, cost=cost), args.out, complete)
     print(f"wrote {path}")
 
