@@ -121,3 +121,15 @@ def test_past_the_byte_budget_the_hook_stays(monkeypatch):
     assert mask_bits.build(hooks.mask_mod, hooks.mod_args, hooks.mask_uses, plan, lists,
                            batch=2, num_q_heads=3, seqlen_q=333, seqlen_k=700,
                            block_m=BLOCK_M) is None
+
+
+def test_lists_without_partial_blocks_need_no_bits():
+    """Documents on block boundaries, no causal mask: every listed block is full, so the kernel
+    never reads a verdict and no bits are made."""
+    doc_ids = (torch.arange(768) // 256).repeat(2, 1)
+    mask_mod = document(doc_ids)
+    lists, plan, hooks = _setup(mask_mod, seqlen_q=768, seqlen_k=768)
+    assert int(lists.kv_num_blocks.sum()) == 0
+    assert mask_bits.build(hooks.mask_mod, hooks.mod_args, hooks.mask_uses, plan, lists,
+                           batch=2, num_q_heads=3, seqlen_q=768, seqlen_k=768,
+                           block_m=BLOCK_M) is None

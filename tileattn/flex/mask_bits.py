@@ -87,7 +87,7 @@ def build(mask_mod, mod_args: tuple, mask_uses: frozenset, plan: TilePlan,
           lists: BlockMaskTensors, *, batch: int, num_q_heads: int, seqlen_q: int,
           seqlen_k: int, block_m: int) -> MaskBits | None:
     """The call's MaskBits for the hook mask_mod (applies() must hold), or None where they
-    would pass MAX_BYTES."""
+    would pass MAX_BYTES or the lists have no partial block (no verdict to read)."""
     by_batch = lists.kv_num_blocks.stride(0) != 0 or "batch" in mask_uses
     by_head = lists.kv_num_blocks.stride(1) != 0 or "head" in mask_uses
     entries, first_entry = _entries(plan, lists, batch=batch, num_q_heads=num_q_heads,
@@ -95,9 +95,8 @@ def build(mask_mod, mod_args: tuple, mask_uses: frozenset, plan: TilePlan,
                                     by_head=by_head)
     chunks = lists.kv_block_size // CHUNK_KEYS
     shape = (entries.shape[0], lists.q_block_size, chunks, 4)
-    if entries.shape[0] * lists.q_block_size * chunks * 16 > MAX_BYTES:
+    if not 0 < entries.shape[0] * lists.q_block_size * chunks * 16 <= MAX_BYTES:
         return None
     bits = torch.empty(shape, dtype=torch.int32, device=entries.device)
-    if entries.shape[0]:
-        mask_bits_launch(bits, entries, seqlen_q, seqlen_k, mask_mod, mod_args).run()
+    mask_bits_launch(bits, entries, seqlen_q, seqlen_k, mask_mod, mod_args).run()
     return MaskBits(bits, first_entry)
