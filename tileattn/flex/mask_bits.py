@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.mask_bits import BITS_ROWS, CHUNK_KEYS, mask_bits_launch
+from ..ops.call_cache import tensor_key
 from .block_mask import BlockMaskTensors
 from .tile_plan import TilePlan
 
@@ -98,5 +99,18 @@ def build(mask_mod, mod_args: tuple, mask_uses: frozenset, plan: TilePlan,
     if not 0 < entries.shape[0] * lists.q_block_size * chunks * 16 <= MAX_BYTES:
         return None
     bits = torch.empty(shape, dtype=torch.int32, device=entries.device)
-    mask_bits_launch(bits, entries, seqlen_q, seqlen_k, mask_mod, mod_args).run()
+    # The launch is bound once per plan, hook and captured tensors' signature and replayed:
+    # Triton's launch path costs a short call more host time than the bits save it
+    # (docs/design.md, "FlexAttention").
+    captured = tuple(tensor_key(x) for x in mod_args)
+    signature = ("launch", by_batch, by_head, block_m, mask_mod, captured)
+    bound = plan.derived.get(signature) if None not in captured else None
+    if bound is not None:
+        bound.run(bits_ptr=bits, entries_ptr=entries, mod_args=tuple(mod_args))
+    else:
+        launch = mask_bits_launch(bits, entries, seqlen_q, seqlen_k, mask_mod, mod_args)
+        launch.run()
+        bound = launch.bind() if None not in captured else None
+        if bound is not None:
+            plan.derived[signature] = bound
     return MaskBits(bits, first_entry)
