@@ -28,15 +28,15 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Counts attention_sm90_launch calls."""
-    count = []
+    """The keyword arguments of every attention_sm90_launch call."""
+    calls = []
     launch = sm90.attention_sm90_launch
 
-    def counting(*args, **kwargs):
-        count.append(kwargs.get("block_plan") is not None)
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
         return launch(*args, **kwargs)
-    monkeypatch.setattr(sm90, "attention_sm90_launch", counting)
-    return count
+    monkeypatch.setattr(sm90, "attention_sm90_launch", recording)
+    return calls
 
 
 def _mods(kind, batch, heads, seqlen_q, seqlen_k):
@@ -84,7 +84,8 @@ def _arguments(kind, dtype, *, batch=2, heads=4, kv_heads=4, seqlen_q=1000, seql
 def _check(arguments, launches):
     with tileattn.use_kernels(attention="sm90"):
         check_against_torch(flex_attention, arguments, TOLERANCES, LSE_TOLERANCES)
-    assert launches == [arguments["block_mask"] is not None], "the Hopper kernel did not run"
+    assert [kwargs.get("block_plan") is not None for kwargs in launches] == [
+        arguments["block_mask"] is not None], "the Hopper kernel did not run"
 
 
 KINDS = ["causal", "sliding_window", "document", "prefix_lm", "alibi", "softcap",
@@ -100,17 +101,10 @@ def test_masks_and_score_mods(kind, dtype, launches):
 @pytest.mark.parametrize("kind,seqlen_q,seqlen_k", [
     ("linear_alibi", 777, 1537), ("distance_bias", 1000, 1000), ("linear_alibi", 1000, 1000),
     ("distance_bias", 777, 1537)])
-def test_linear_score_mods(kind, seqlen_q, seqlen_k, launches, monkeypatch):
+def test_linear_score_mods(kind, seqlen_q, seqlen_k, launches):
     """score_mods of flex/linear.py's form run as a term per row and one per key column."""
-    flags = []
-    counting = sm90.attention_sm90_launch
-
-    def recording(*args, **kwargs):
-        flags.append(kwargs.get("score_linear"))
-        return counting(*args, **kwargs)
-    monkeypatch.setattr(sm90, "attention_sm90_launch", recording)
     _check(_arguments(kind, torch.bfloat16, seqlen_q=seqlen_q, seqlen_k=seqlen_k), launches)
-    assert flags == [True]
+    assert [kwargs.get("score_linear") for kwargs in launches] == [True]
 
 
 @pytest.mark.parametrize("block_size", [(128, 64), (256, 128), (128, 256), (256, 192)])
@@ -187,13 +181,6 @@ def test_masks_over_captured_tensors_read_as_bits(kind, block_size, heads, kv_he
     """A mask_mod that reads captured tensors goes to the kernel as bits (flex/mask_bits.py):
     the output equals torch's and, bit for bit, the hook's."""
     from tileattn.flex import mask_bits
-    given = []
-    launch = sm90.attention_sm90_launch
-
-    def recording(*args, **kwargs):
-        given.append(kwargs.get("mask_bits") is not None)
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(sm90, "attention_sm90_launch", recording)
     arguments = _arguments(kind, torch.bfloat16, heads=heads, kv_heads=kv_heads,
                            block_size=block_size)
     _check(arguments, launches)
@@ -201,5 +188,5 @@ def test_masks_over_captured_tensors_read_as_bits(kind, block_size, heads, kv_he
         as_bits = flex_attention(**arguments)
         monkeypatch.setattr(mask_bits, "applies", lambda *args: False)
         as_hook = flex_attention(**arguments)
-    assert given == [True, True, False]
+    assert [kwargs.get("mask_bits") is not None for kwargs in launches] == [True, True, False]
     assert torch.equal(as_bits, as_hook)
