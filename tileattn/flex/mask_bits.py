@@ -7,8 +7,9 @@ score, the sequence end included. mask_mods of indices alone (causal, windows, p
 hooks: their compares cost about what a bit test does (docs/design.md, "FlexAttention").
 
 The bits are rebuilt every call (kernels/mask_bits.py, one program per partial block and 64
-rows), so captured tensors changed in place are seen as the hook would see them. What depends
-only on the block lists (the entries and each tile's first entry) is kept with the TilePlan.
+rows; its launch bound and replayed), so captured tensors changed in place are seen as the
+hook would see them. What depends only on the block lists (the entries and each tile's first
+entry) and the bound launch are kept with the TilePlan.
 
 Entries: one per partial block of a group (batch, head, query block), in list order. Batch
 and head collapse to 0 where neither the lists (a BlockMask broadcast over them) nor the
