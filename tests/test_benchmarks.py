@@ -478,6 +478,22 @@ def test_backward_rows_compare_gradients_with_the_yardstick(monkeypatch):
     assert all(len(r["ms_rounds"]) == common.ROUNDS for r in rows)
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_interleaved_rounds_never_time_a_call_right_after_itself(monkeypatch, count):
+    timed = []
+    monkeypatch.setattr(common, "time_ms", lambda fn: timed.append(fn) or 1.0)
+    calls = {f"impl{i}": (lambda: None) for i in range(count)}
+    rounds = max(count, 3)
+    times = common.time_interleaved(calls, rounds=rounds)
+    assert all(len(t) == rounds for t in times.values()) and len(timed) == count * rounds
+    if count > 1:
+        assert all(a is not b for a, b in zip(timed, timed[1:]))
+    if count > 2:   # every implementation takes every position of a round in turn
+        positions = {name: {timed.index(call, r * count) - r * count for r in range(rounds)}
+                     for name, call in calls.items()}
+        assert all(p == set(range(count)) for p in positions.values())
+
+
 def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
     mods = _load(BENCHMARKS / "flex_mods.py")
     _eager_flex(monkeypatch)
@@ -491,9 +507,10 @@ def test_mods_rows_are_checked_against_the_case_s_functions(monkeypatch):
         rows = mods.measure(dict(case=case, dtype="bf16", N=128), inputs, torch.device("cpu"))
         assert [r["impl"] for r in rows] == ["tileattn", "flex"]
         assert all(r["check_error"] <= mods.CHECK_TOLERANCE["bf16"] and r["tflops"] for r in rows)
-        # Interleaved rounds: each implementation timed ROUNDS times, the order alternating.
+        # Interleaved rounds: each implementation timed ROUNDS times, never right after itself.
         assert all(r["ms_rounds"] == [1.0] * common.ROUNDS for r in rows)
-        assert len(timed) == 2 * common.ROUNDS and timed[0] is timed[3] and timed[1] is timed[2]
+        assert len(timed) == 2 * common.ROUNDS and timed[0] is timed[2] and timed[1] is timed[3]
+        assert all(a is not b for a, b in zip(timed, timed[1:]))
         assert 0 < rows[0]["density"] <= 0.51
 
 

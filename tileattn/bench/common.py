@@ -48,14 +48,25 @@ def time_ms(fn) -> float:
 ROUNDS = 3
 
 
+def round_order(names: list, r: int) -> list:
+    """Round r's order of a point's implementations: rotated by r, so that each takes every
+    position in turn (sharing the machine's drift) and none is timed right after itself, which
+    read ~5% slower than after another on the power-capped H100 (docs/design.md, "Backward");
+    two keep one order (alternating them would time each after itself at every other round's
+    start)."""
+    if len(names) <= 2:
+        return list(names)
+    shift = r % len(names)
+    return list(names[shift:]) + list(names[:shift])
+
+
 def time_interleaved(calls: dict, rounds: int = ROUNDS) -> dict:
-    """name -> [median milliseconds of each round] for calls timed in `rounds` rounds, the
-    order reversed every other round, so that the implementations of a point share the
-    machine's drift (clocks, neighbours) instead of one of them getting it all."""
+    """name -> [median milliseconds of each round] for calls timed in `rounds` rounds in
+    round_order's orders."""
     names = list(calls)
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in round_order(names, r):
             times[name].append(time_ms(calls[name]))
     return times
 
