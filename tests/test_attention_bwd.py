@@ -204,3 +204,32 @@ def test_visited_blocks_are_exactly_the_visible_ones(tile, block):
             for x0, x1 in _blocks(full_start, full_end, block):
                 assert t0 + tile <= tile_len and x1 - x0 == block, setting
                 assert all(sees(t, x) for t in rows for x in range(x0, x1)), setting
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["no_mask", "causal"])
+def test_preprocess_zeroes_dq_rows_only_for_a_launch_that_adds(causal):
+    """Where the fused Hopper backward runs key block 0 first, storing its dQ tiles (sm90_bwd_
+    fused.first_block_stores: no mask), the preprocess zeroes no dq_accum row; under a causal
+    mask (one launch, adding) all of them. It writes delta either way. Built for sm90, run
+    here."""
+    from tileattn.arch import arch_for_capability
+    from tileattn.kernels.attention import bwd
+    if DEVICE != "cpu":
+        pytest.skip("the preprocess alone, in the interpreter")
+    torch.manual_seed(0)
+    q = torch.randn(2, 300, 4, 128, dtype=torch.bfloat16)
+    k = torch.randn(2, 200, 2, 128, dtype=torch.bfloat16)
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(2, 4, 300)
+    delta, dq_accum = bwd.backward_workspace(q, lse, False)
+    delta.fill_(float("nan"))
+    dq_accum.fill_(float("nan"))
+    launches = bwd.backward_launches(
+        q, k, k, out, lse, dout, torch.empty_like(q), torch.empty_like(k), torch.empty_like(k),
+        delta, dq_accum, causal=causal, softmax_scale=0.1, window_left=-1, window_right=-1,
+        arch=arch_for_capability((9, 0)), kernel="sm90")
+    assert launches[0].kernel is bwd.attention_bwd_preprocess_kernel
+    launches[0].run()
+    expected = (out.double() * dout.double()).sum(-1).transpose(1, 2)
+    assert torch.allclose(delta.double(), expected, rtol=1e-5, atol=1e-4)
+    assert (dq_accum == 0).all() if causal else dq_accum.isnan().all()

@@ -154,7 +154,19 @@ def test_fused_backward_arguments_have_their_roles(packed):
         q, k, v, out, lse, dout, call["dq"], call["dk"], call["dv"], delta, dq_accum,
         causal=True, softmax_scale=0.1, window_left=-1, window_right=-1,
         arch=arch_for_capability((9, 0)), kernel="sm90", **rows)
-    assert sm90_bwd_fused.attention_bwd_fused_sm90_kernel in [x.kernel for x in launches]
+    fused = [x for x in launches if x.kernel is sm90_bwd_fused.attention_bwd_fused_sm90_kernel]
+    # Dense calls: key block 0 stores dQ (one launch), the other blocks add to it (the next).
+    assert [(x.constexprs["DQ_STORE"], x.args["first_key_block"], x.grid[0]) for x in fused] == [
+        (False, 0, 4 if packed else 3)]
+    # Without a mask, dense calls run key block 0 (storing dQ), then the others (adding to it).
+    split = bwd.backward_launches(
+        q, k, v, out, lse, dout, call["dq"], call["dk"], call["dv"], delta, dq_accum,
+        causal=False, softmax_scale=0.1, window_left=-1, window_right=-1,
+        arch=arch_for_capability((9, 0)), kernel="sm90", **rows)
+    fused = [x for x in split if x.kernel is sm90_bwd_fused.attention_bwd_fused_sm90_kernel]
+    assert [(x.constexprs["DQ_STORE"], x.args["first_key_block"], x.grid[0]) for x in fused] == (
+        [(False, 0, 4)] if packed else [(True, 0, 1), (False, 1, 2)])
+    assert split[0].args["zero_rows"] == (400 if packed else 0)
     descriptors = set()
     for launch in launches:
         names = _per_call(launch)

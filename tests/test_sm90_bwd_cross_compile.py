@@ -85,10 +85,26 @@ fused["D128-packed"] = {
     "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
     "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "setmaxnreg": c.asm["ptx"].count("setmaxnreg"),
     "thread_arrives": c.asm["ptx"].count("cp.async.mbarrier.arrive.noinc")}
+# Dense calls run key block 0 first, storing its dQ tiles, then the rest adding to them.
+parts = {}
+for d, causal in ((128, False), (64, False)):
+    q = torch.empty(2, 1000, 4, d, dtype=torch.bfloat16)
+    k = torch.empty(2, 1100, 2, d, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 1000)
+    c = cross_compile_sm90(sm90_bwd_fused.fused_sm90_launch(
+        q, k, k, q, lse, lse, torch.empty(q.shape), k, k, causal=causal, softmax_scale=0.1,
+        part="first"), 90)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(c.asm["cubin"]); f.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    parts[f"D{d}-{'causal' if causal else 'full'}-first"] = {
+        "shared": c.metadata.shared, "local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "reductions": c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
+        "stores": c.asm["ptx"].count("cp.async.bulk.tensor.4d.global.shared")}
 # dQ alone has rows at 256 (and head dims that pad to it).
 for d, dv in ((256, 256), (192, 128)):
     rows[f"dq-bf16-D{d}-Dv{dv}-causal"] = compile_case("dq", d, dv, True, torch.bfloat16)
-print(json.dumps({"rows": rows, "fused": fused}))
+print(json.dumps({"rows": rows, "fused": fused, "parts": parts}))
 '''
 
 SM90_SHARED_BYTES = 232448
@@ -102,6 +118,17 @@ def compiled_all():
 @pytest.fixture(scope="module")
 def compiled(compiled_all):
     return compiled_all["rows"]
+
+
+def test_the_first_key_blocks_launch_stores_dq(compiled_all):
+    """Key block 0's launch (part="first") stores its dQ tiles by TMA where the others reduce;
+    it fits and does not spill."""
+    assert len(compiled_all["parts"]) == 2
+    for name, row in compiled_all["parts"].items():
+        assert row["shared"] <= SM90_SHARED_BYTES and row["local"] == 0, (name, row)
+        assert row["stores"] > 0 and row["reductions"] == 0, (name, row)
+    for name, row in compiled_all["fused"].items():
+        assert row["reductions"] > 0, (name, row)
 
 
 def test_the_fused_kernel_fits_and_runs_five_products_and_reductions(compiled_all):

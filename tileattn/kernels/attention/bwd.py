@@ -13,7 +13,9 @@ Launch order:
 On Hopper (kernel="sm90") dense calls without windows or hooks run steps 2 and 3 as the
 Gluon kernels of sm90_bwd.py where their tables have a row for the head dims; with the atomic
 dQ, step 2 is sm90_bwd_fused.py's warp-specialized kernel (dQ by TMA reductions) where it
-supports the inputs.
+supports the inputs; dense calls without a mask run it as two launches, key block 0 storing
+its dQ tiles, then the other blocks adding to them, and step 1 zeroes no dQ row
+(sm90_bwd_fused.first_block_stores).
 
 With a block mask (flex_attention's BlockMask, as flex.block_mask.BlockMaskTensors with its
 transposed lists) the dQ kernel walks each query block's listed key blocks and the dK/dV
@@ -112,7 +114,7 @@ def attention_bwd_preprocess_kernel(
     out_ptr, do_ptr, dlse_ptr, delta_ptr, dq_accum_ptr, cu_seqlens_q,
     stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
     stride_lse_b, stride_lse_h, stride_dq_accum_b, stride_dq_accum_s, stride_dq_accum_h,
-    seqlen_q,
+    seqlen_q, zero_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr, ZERO_DQ_ACCUM: tl.constexpr,
@@ -121,8 +123,9 @@ def attention_bwd_preprocess_kernel(
     """delta[row] = Σ_d dO[row, d] · O[row, d] - dlse[row] in fp32, per query row and head
     (delta and dlse laid out as lse, with its strides). dlse, the gradient reaching lse, joins
     here because d lse_i / d s_ij = P_ij: dS = P ∘ (dP - delta) then carries it. With
-    ZERO_DQ_ACCUM also dq_accum's rows = 0. Grid (query blocks of the longest sequence,
-    num_q_heads, batch)."""
+    ZERO_DQ_ACCUM also dq_accum's rows = 0, the first zero_rows of each sequence (where the
+    fused kernel's first key block stores the others: bwd.backward_launches). Grid (query
+    blocks of the longest sequence, num_q_heads, batch)."""
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
     batch = tl.program_id(2)
@@ -143,11 +146,14 @@ def attention_bwd_preprocess_kernel(
         delta -= tl.load(dlse_ptr + lse_at, mask=offs_m < seqlen_q, other=0.0)
     tl.store(delta_ptr + lse_at, delta, mask=offs_m < seqlen_q)
     if ZERO_DQ_ACCUM:
-        offs_d = tl.arange(0, HEAD_DIM_PAD)
-        dq_ptrs = (dq_accum_ptr + batch.to(tl.int64) * stride_dq_accum_b
-                   + head.to(tl.int64) * stride_dq_accum_h + rows * stride_dq_accum_s + offs_d[None, :])
-        tl.store(dq_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
-                 mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+        zero_below = tl.minimum(zero_rows, seqlen_q)
+        if start_m < zero_below:
+            offs_d = tl.arange(0, HEAD_DIM_PAD)
+            dq_ptrs = (dq_accum_ptr + batch.to(tl.int64) * stride_dq_accum_b
+                       + head.to(tl.int64) * stride_dq_accum_h + rows * stride_dq_accum_s
+                       + offs_d[None, :])
+            tl.store(dq_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
+                     mask=(offs_m[:, None] < zero_below) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -293,13 +299,22 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                      HEAD_DIM_V_PAD=padded_head_dim(head_dim_v))
     dq_accum_strides = _strides("stride_dq_accum_", dq_accum, is_varlen)
     row_grid = (triton.cdiv(seqlen_q, rows_per_program), num_q_heads, batch)
+    fused = atomic_dq and dkdv_tiles_given is None and fused_applies(
+        q, k, v, dout, lse, arch, kernel, is_varlen=is_varlen, score_mod=score_mod,
+        window_left=window_left, window_right=window_right, block_mask=block_mask,
+        mask_mod=mask_mod)
+    # Dense fused calls without a mask (sm90_bwd_fused.first_block_stores): key block 0's launch
+    # stores dQ into every query row and the others add to it, so dq_accum is zeroed only where
+    # there is no key (and no launch).
+    split = fused and sm90_bwd_fused.first_block_stores(q, v, is_varlen, window_right == 0)
+    zero_rows = 0 if split and seqlen_k > 0 else seqlen_q
 
     preprocess = KernelLaunch(
         attention_bwd_preprocess_kernel, row_grid,
         dict(out_ptr=out, do_ptr=dout, dlse_ptr=dlse, delta_ptr=delta, dq_accum_ptr=dq_accum,
              cu_seqlens_q=cu_seqlens_q, **_strides("stride_o", out, is_varlen),
              **_strides("stride_do", dout, is_varlen), **lse_strides, **dq_accum_strides,
-             seqlen_q=seqlen_q),
+             seqlen_q=seqlen_q, zero_rows=zero_rows),
         dict(head_dims, BLOCK_M=rows_per_program, IS_VARLEN=is_varlen, ZERO_DQ_ACCUM=atomic_dq,
              HAS_DLSE=dlse is not None),
         num_warps=4, num_stages=1)
@@ -322,15 +337,12 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                                                  score_mod, mask_mod, window_left, window_right)
     width = sm90_bwd.width(q, v)
     shared = {}     # the Gluon kernels' common arguments, made once where their tiles match
-    if (atomic_dq and dkdv_tiles_given is None
-            and fused_applies(q, k, v, dout, lse, arch, kernel, is_varlen=is_varlen,
-                              score_mod=score_mod, window_left=window_left,
-                              window_right=window_right, block_mask=block_mask,
-                              mask_mod=mask_mod)):
-        dkdv = sm90_bwd_fused.fused_sm90_launch(
+    if fused:
+        dkdv = [sm90_bwd_fused.fused_sm90_launch(
             q, k, v, dout, lse, delta, dq_accum, dk, dv, causal=window_right == 0,
             softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, part=part)
+            for part in (("first", "rest") if split else ("all",))]
     elif hopper and not atomic_dq and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
         dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
                                          causal=window_right == 0, softmax_scale=softmax_scale,
@@ -366,7 +378,8 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                  IS_VARLEN=is_varlen, **masks, **block_sizes),
             dq_tiles.num_warps, dq_tiles.num_stages)
     # A varlen batch whose sequences are all empty on one side has nothing to launch there.
-    return [launch for launch in (preprocess, dkdv, finish_dq) if all(launch.grid)]
+    launches = [preprocess, *(dkdv if isinstance(dkdv, list) else [dkdv]), finish_dq]
+    return [launch for launch in launches if all(launch.grid)]
 
 
 def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, softmax_scale: float,

@@ -22,8 +22,9 @@ multiple of 4), or packed varlen ones; causal (bottom-right) or not; FUSED_CONFI
 dims (64, 128; Dv padded alike). Dense query rows past the end read zeros for Q, dO, lse and
 delta (TMA's fill): with dO = 0 they add nothing; key rows past the end are computed, never
 stored. Packed tiles that reach into the next sequence's rows or keys set P = 0 there.
-dq_accum: fp32 with q's shape, contiguous, zeroed; dq = softmax_scale · dq_accum afterwards
-(bwd.py's convert kernel).
+dq_accum: fp32 with q's shape, contiguous, zeroed, or written first by key block 0's own launch
+(fused_sm90_launch's part "first", whose dQ warp stores where the others add); dq =
+softmax_scale · dq_accum afterwards (bwd.py's convert kernel).
 
 No `from __future__ import annotations` here (Gluon reads annotations as classes).
 """
@@ -54,6 +55,11 @@ KV_IN_REGISTERS = {(64, False)}
 # computed by warpgroup i % 2, which reads dS and K once instead of each reading all of dS for
 # its half of the columns (N = D / 2); the other goes straight on to dK and the next step.
 ALTERNATE_DQ = {(64, False)}
+# Padded head dims whose dense calls without a mask run as two launches, key block 0 then the
+# rest: the first stores each query tile's dQ, which every later block's reduction then adds
+# to, so the fp32 buffer needs no zeroing (bwd.backward_launches; fused_sm90_launch's part).
+# Under a causal mask it gained nothing (docs/design.md, "Backward"): one launch adds there.
+FIRST_BLOCK_STORES = {64, 128}
 COMPUTE_REGS = gl.constexpr(240)
 WORKER_REGS = gl.constexpr(24)
 
@@ -65,7 +71,8 @@ class Work:
     for each head of the GQA group, head-major), where the sequence starts in the (packed)
     tensors (q_start, k_start), its lengths and bottom-right shift, the softmax scale, and
     `zero`, a runtime 0 (see `kept`). PER_THREAD_RELEASE, KV_REGS and ALT_DQ: the options of
-    PER_THREAD_RELEASE, KV_IN_REGISTERS and ALTERNATE_DQ."""
+    PER_THREAD_RELEASE, KV_IN_REGISTERS and ALTERNATE_DQ; DQ_STORE: dQ tiles are stored, not
+    added (the first key block's launch: fused_sm90_launch's part)."""
     batch: Scalar
     kv_head: Scalar
     start_n: Scalar
@@ -86,11 +93,12 @@ class Work:
     PER_THREAD_RELEASE: gl.constexpr
     KV_REGS: gl.constexpr
     ALT_DQ: gl.constexpr
+    DQ_STORE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size,
                  seqlen_q, seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2,
-                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE, KV_REGS, ALT_DQ):
+                 zero, CAUSAL, VARLEN, PER_THREAD_RELEASE, KV_REGS, ALT_DQ, DQ_STORE):
         self.batch = scalar(batch)
         self.kv_head = scalar(kv_head)
         self.start_n = scalar(start_n)
@@ -111,6 +119,7 @@ class Work:
         self.PER_THREAD_RELEASE = gl.constexpr(PER_THREAD_RELEASE)
         self.KV_REGS = gl.constexpr(KV_REGS)
         self.ALT_DQ = gl.constexpr(ALT_DQ)
+        self.DQ_STORE = gl.constexpr(DQ_STORE)
 
     @gluon.jit
     def step_coords(self, i, BLOCK_M: gl.constexpr):
@@ -317,15 +326,19 @@ def _loader_partition(work, rings, inputs):
 
 @gluon.jit
 def _dq_partition(work, rings, dq_desc):
-    """One TMA reduction a step from the dQ buffer both warpgroups filled; a buffer is released
-    once its reduction has read it (the next step's reduction issued first)."""
+    """One TMA reduction (with DQ_STORE a TMA store) a step from the dQ buffer both warpgroups
+    filled; a buffer is released once its reduction has read it (the next step's reduction
+    issued first)."""
     BLOCK_M: gl.constexpr = dq_desc.block_type.shape[2]
     for i in range(work.total):
         buffer = i % 2
         head, row = work.step_coords(i, BLOCK_M)
         mbarrier.wait(rings.dq_full.index(buffer), (i // 2) & 1)
-        tma_reduce_add(dq_desc, [work.batch, head, work.q_start + row, 0],
-                       rings.dq_smem.index(buffer))
+        coord = [work.batch, head, work.q_start + row, 0]
+        if work.DQ_STORE:
+            tma.async_copy_shared_to_global(dq_desc, coord, rings.dq_smem.index(buffer))
+        else:
+            tma_reduce_add(dq_desc, coord, rings.dq_smem.index(buffer))
         tma.store_wait(1)
         if i > 0:
             mbarrier.arrive(rings.dq_empty.index(1 - buffer), count=1)
@@ -495,10 +508,10 @@ def attention_bwd_fused_sm90_kernel(
     dv_ptr,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     seqlen_q, seqlen_k, gqa_group_size, softmax_scale, softmax_scale_log2, zero,
-    cu_seqlens_q_ptr, cu_seqlens_k_ptr, total_q, total_k,
+    cu_seqlens_q_ptr, cu_seqlens_k_ptr, total_q, total_k, first_key_block,
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
     NUM_STAGES: gl.constexpr, VARLEN: gl.constexpr, PER_THREAD_RELEASE: gl.constexpr,
-    KV_REGS: gl.constexpr, ALT_DQ: gl.constexpr,
+    KV_REGS: gl.constexpr, ALT_DQ: gl.constexpr, DQ_STORE: gl.constexpr,
 ):
     """Grid (key blocks of BLOCK_N, num_kv_heads, batch); 4 warps (a compute warpgroup) plus
     the workers.
@@ -508,10 +521,12 @@ def attention_bwd_fused_sm90_kernel(
     real head dims (stores mask the padding). VARLEN: packed sequences (cu_seqlens_q/k int32
     [batch + 1]; total_q/k rows): every tensor is one "batch" of [total, heads, ...] rows (lse and
     delta [1, num_q_heads, total_q]), program (j, h, b) takes key block j of sequence b, and
-    seqlen_q/k are the longest sequence's (the grid's reach)."""
+    seqlen_q/k are the longest sequence's (the grid's reach). Program j takes key block
+    j + first_key_block; DQ_STORE stores its dQ tiles instead of adding them (dense calls' first
+    key block, which every other block's tiles follow in the next launch)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_n = gl.program_id(0) * BLOCK_N
+    start_n = (gl.program_id(0) + first_key_block) * BLOCK_N
     kv_head = gl.program_id(1)
     batch = gl.program_id(2)
     q_start = 0
@@ -540,7 +555,7 @@ def attention_bwd_fused_sm90_kernel(
 
     work = Work(batch, kv_head, start_n, first_m, steps_per_head, total, gqa_group_size, seqlen_q,
                 seqlen_k, q_start, k_start, shift, softmax_scale, softmax_scale_log2, zero, CAUSAL,
-                VARLEN, PER_THREAD_RELEASE, KV_REGS, ALT_DQ)
+                VARLEN, PER_THREAD_RELEASE, KV_REGS, ALT_DQ, DQ_STORE)
     rings = Rings.allocate(q_desc, k_desc, v_desc, do_desc, dq_desc, NUM_STAGES,
                            PER_THREAD_RELEASE, ALT_DQ)
     grads = Grads(dk_ptr, dv_ptr, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
@@ -571,13 +586,25 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
             and all(x.stride(2) == 1 and tma_ready(x, (0, 1)) for x in (q, k, v, dout)))
 
 
+def first_block_stores(q, v, packed: bool, causal: bool) -> bool:
+    """Whether a fused backward runs as key block 0's launch, storing dQ, then the rest's
+    (FIRST_BLOCK_STORES, without a mask: block 0 then reaches every query row; packed sequences
+    have no common first block)."""
+    return not packed and not causal and width(q, v) in FIRST_BLOCK_STORES
+
+
 def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bool,
                       softmax_scale: float, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                      config: tuple[int, int, int] | None = None) -> KernelLaunch:
+                      config: tuple[int, int, int] | None = None,
+                      part: str = "all") -> KernelLaunch:
     """The launch for inputs supports() accepted: dense, lse and delta [B, Hq, Sq], or packed
     (cu_seqlens_q/k int32 [B + 1], max_seqlen_q/k), lse and delta [Hq, total_q]; contiguous
-    float32. dq_accum fp32 with q's shape, contiguous, zeroed. config: a FUSED_CONFIGS row."""
+    float32. dq_accum fp32 with q's shape, contiguous. config: a FUSED_CONFIGS row. part: "all"
+    key blocks adding into a zeroed dq_accum; or (dense, where first_block_stores()) "first",
+    key block 0 storing its dQ tiles, then "rest", the others adding to them: dq_accum need be
+    zeroed only where key block 0 stores nothing (query rows that see no key)."""
+    assert part == "all" or first_block_stores(q, v, cu_seqlens_q is not None, causal), part
     block_n, block_m, num_stages = config or FUSED_CONFIGS[width(q, v)]
     dim, dim_v = padded_head_dim(q.shape[-1]), padded_head_dim(v.shape[-1])
     packed = cu_seqlens_q is not None
@@ -604,11 +631,13 @@ def fused_sm90_launch(q, k, v, dout, lse, delta, dq_accum, dk, dv, *, causal: bo
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, gqa_group_size=q.shape[2] // k.shape[2],
         softmax_scale=float(softmax_scale), softmax_scale_log2=float(softmax_scale) * LOG2_E,
         zero=0, cu_seqlens_q_ptr=cu_seqlens_q, cu_seqlens_k_ptr=cu_seqlens_k,
-        total_q=q.shape[1], total_k=k.shape[1])
+        total_q=q.shape[1], total_k=k.shape[1], first_key_block=int(part == "rest"))
     constexprs = dict(HEAD_DIM=q.shape[3], HEAD_DIM_V=v.shape[3], CAUSAL=causal,
                       NUM_STAGES=num_stages, VARLEN=packed,
                       PER_THREAD_RELEASE=(dim, causal) in PER_THREAD_RELEASE,
                       KV_REGS=(dim, causal) in KV_IN_REGISTERS,
-                      ALT_DQ=(dim, causal) in ALTERNATE_DQ)
-    grid = (-(-seqlen_k // block_n), k.shape[2], batch)
+                      ALT_DQ=(dim, causal) in ALTERNATE_DQ, DQ_STORE=part == "first")
+    key_blocks = -(-seqlen_k // block_n)
+    key_blocks = {"all": key_blocks, "first": min(key_blocks, 1), "rest": key_blocks - 1}[part]
+    grid = (key_blocks, k.shape[2], batch)
     return KernelLaunch(attention_bwd_fused_sm90_kernel, grid, args, constexprs, 4, 1)
