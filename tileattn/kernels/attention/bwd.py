@@ -123,8 +123,8 @@ def attention_bwd_preprocess_kernel(
     """delta[row] = Σ_d dO[row, d] · O[row, d] - dlse[row] in fp32, per query row and head
     (delta and dlse laid out as lse, with its strides). dlse, the gradient reaching lse, joins
     here because d lse_i / d s_ij = P_ij: dS = P ∘ (dP - delta) then carries it. With
-    ZERO_DQ_ACCUM also dq_accum's rows = 0, the first zero_rows of each sequence (where the
-    fused kernel's first key block stores the others: bwd.backward_launches). Grid (query
+    ZERO_DQ_ACCUM also dq_accum's first zero_rows rows of each sequence = 0 (backward_launches
+    asks for none where the fused kernel's key block 0 stores every row first). Grid (query
     blocks of the longest sequence, num_q_heads, batch)."""
     start_m = tl.program_id(0) * BLOCK_M
     head = tl.program_id(1)
