@@ -337,6 +337,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                                                  score_mod, mask_mod, window_left, window_right)
     width = sm90_bwd.width(q, v)
     shared = {}     # the Gluon kernels' common arguments, made once where their tiles match
+    # dK/dV's launches (the fused kernel's, dQ included, may be two: key block 0, then the rest).
     if fused:
         dkdv = [sm90_bwd_fused.fused_sm90_launch(
             q, k, v, dout, lse, delta, dq_accum, dk, dv, causal=window_right == 0,
@@ -344,18 +345,18 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, part=part)
             for part in (("first", "rest") if split else ("all",))]
     elif hopper and not atomic_dq and dkdv_tiles_given is None and width in sm90_bwd.DKDV_CONFIGS:
-        dkdv = sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
-                                         causal=window_right == 0, softmax_scale=softmax_scale,
-                                         shared=shared)
+        dkdv = [sm90_bwd.dkdv_sm90_launch(q, k, v, dout, lse, delta, dk, dv,
+                                          causal=window_right == 0, softmax_scale=softmax_scale,
+                                          shared=shared)]
     else:
-        dkdv = KernelLaunch(
+        dkdv = [KernelLaunch(
             attention_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, dkdv_tiles.block_n), num_kv_heads, batch),
             dict(common(), dq_accum_ptr=dq_accum, dk_ptr=dk, dv_ptr=dv, **dq_accum_strides,
                  **_strides("stride_dk", dk, is_varlen), **_strides("stride_dv", dv, is_varlen),
                  block_lists=() if block_mask is None else _block_list_args(block_mask, "q")),
             dict(head_dims, BLOCK_M=dkdv_tiles.block_m, BLOCK_N=dkdv_tiles.block_n,
                  IS_VARLEN=is_varlen, ATOMIC_DQ=atomic_dq, **masks, **block_sizes),
-            dkdv_tiles.num_warps, dkdv_tiles.num_stages)
+            dkdv_tiles.num_warps, dkdv_tiles.num_stages)]
     if atomic_dq:
         finish_dq = KernelLaunch(
             attention_bwd_dq_convert_kernel, row_grid,
@@ -378,8 +379,7 @@ def backward_launches(q, k, v, out, lse, dout, dq, dk, dv, delta, dq_accum, *, c
                  IS_VARLEN=is_varlen, **masks, **block_sizes),
             dq_tiles.num_warps, dq_tiles.num_stages)
     # A varlen batch whose sequences are all empty on one side has nothing to launch there.
-    launches = [preprocess, *(dkdv if isinstance(dkdv, list) else [dkdv]), finish_dq]
-    return [launch for launch in launches if all(launch.grid)]
+    return [launch for launch in (preprocess, *dkdv, finish_dq) if all(launch.grid)]
 
 
 def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, causal: bool, softmax_scale: float,
