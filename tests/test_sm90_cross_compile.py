@@ -113,10 +113,13 @@ for head_dim in sm90.CONFIGS:
             rows[f"{name}-D{head_dim}-{label(causal)}"] = compile_case(name, head_dim, causal)
 for split in (False, True):
     rows[f"bf16-D128-{label(True, split)}"] = compile_case("bf16", 128, True, split)
-# The rows long calls take (LONG_QUERY_CONFIGS).
+# The rows long calls take (LONG_QUERY_CONFIGS), with an lse and, causal, without.
 long = {f"bf16-D{d}-{label(causal)}-long": compile_case("bf16", d, causal,
                                                        queries=sm90.LONG_QUERIES)
         for d in sm90.LONG_QUERY_CONFIGS for causal in (False, True)}
+long.update({f"bf16-D{d}-causal-long-no-lse": compile_case("bf16", d, True,
+                                                           queries=sm90.LONG_QUERIES, lse=False)
+             for d in sm90.LONG_QUERY_CONFIGS})
 # The rows shorter dense calls take (SHORT_QUERY_CONFIGS).
 short = {f"bf16-D{d}-{label(causal)}-short": compile_case("bf16", d, causal, queries=1000)
          for d in sm90.SHORT_QUERY_CONFIGS for causal in (False, True)}
@@ -299,15 +302,22 @@ def test_q_in_registers_rows_feed_every_key_loop_wgmma_from_registers(compiled):
 def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
     """LONG_QUERY_CONFIGS (head dim 64, 192-query tiles): three ping-pong consumer partitions of
     128 threads each (three copies of the key loops), 160 registers each without a spill in a
-    key loop; per-tile scalars wait on the stack (at most 32 bytes, 28 loads and stores)."""
+    key loop; per-tile scalars wait on the stack (at most 32 bytes, 28 loads and stores).
+    Causal calls without an lse sum P's rows on the tensor cores (causal_row_sums: m64n8
+    wgmmas, no key loop adds P up on FADDs); calls with one keep the FADDs."""
     rows = compiled["long"]
-    assert len(rows) == 2
+    assert len(rows) == 3
     two_consumers = compiled["rows"]["bf16-D64-causal"]
     for name, row in rows.items():
         assert row["block_m"] == 192 and row["split"], (name, row)
         _fits_and_runs_on_wgmma_tma(name, row, stack=32, local=28)
         assert row["local_in_key_loops"] == 0, (name, row)
         _stores_o_whole(name, row)
+        if name.endswith("-no-lse"):
+            assert row["row_sum_wgmma"] > 0, name
+            assert max(row["fadd_per_key_loop"]) < 16, (name, row["fadd_per_key_loop"])
+        else:
+            assert row["row_sum_wgmma"] == 0, name
     assert rows["bf16-D64-causal-long"]["key_loops"] == 3 * two_consumers["key_loops"] // 2
 
 

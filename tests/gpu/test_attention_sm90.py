@@ -36,17 +36,18 @@ SHAPES = [(1, 1, 1, 2, 1), (2, 17, 17, 4, 2), (2, 1000, 1000, 8, 2), (1, 4097, 4
 PADDED_DIMS = [(192, 128), (96, 96), (192, 192), (128, 64), (64, 256)]
 
 
-def run_sm90(q, k, v, causal, split=None, with_lse=True, **masks):
+def run_sm90(q, k, v, causal, split=None, with_lse=True, config=None, **masks):
     """out, lse of the sm90 kernel, both poisoned with NaN first so that unwritten elements
     fail the comparison (lse None without with_lse). split: force the ping-pong (True) or
-    lockstep (False) consumers; masks: attention_sm90_launch's softcap / window_left."""
+    lockstep (False) consumers; config: a config row (default: CONFIGS'); masks:
+    attention_sm90_launch's softcap / window_left."""
     assert sm90.supports(q, k, v, causal)
     batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.full((batch, seqlen_q, num_q_heads, v.shape[3]), float("nan"), device=q.device,
                      dtype=q.dtype)
     lse = (torch.full((batch, num_q_heads, seqlen_q), float("nan"), device=q.device)
            if with_lse else None)
-    config = sm90.config_for(q.shape[3], v.shape[3])
+    config = config or sm90.config_for(q.shape[3], v.shape[3])
     if split is not None:
         config = dataclasses.replace(config, split=split)
     sm90.attention_sm90_launch(q, k, v, out, lse, q.shape[3] ** -0.5, causal, config=config,
@@ -133,6 +134,23 @@ def test_edge_shapes(shape):
     """One query over many keys (integer arguments folded to 1); causal rows that see no key
     (output 0, lse -inf)."""
     check(shape, 128, torch.bfloat16, True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["non-causal", "causal"])
+def test_long_call_row(causal):
+    """Dense head-dim-64 calls of LONG_QUERIES queries or more take LONG_QUERY_CONFIGS' row
+    (192-query tiles on three consumers; the last tile here has 68 rows, 21 * 192 + 68 = 4100);
+    without an lse, causal ones sum P's rows on the tensor cores (causal_row_sums)."""
+    shape = (1, 4100, 4100, 4, 2)
+    q, k, v = make_inputs(shape, 64, torch.bfloat16)
+    config = sm90.config_for(64, 64, seqlen_q=shape[1])
+    assert config.block_m == 192 and config.causal_row_sums
+    out, lse = run_sm90(q, k, v, causal, config=config)
+    assert_close(out, lse, q, k, v, causal)
+    out_only, _ = run_sm90(q, k, v, causal, config=config, with_lse=False)
+    ref, _ = attention_reference(q, k, v, causal=causal)
+    assert not out_only.isnan().any()
+    assert float((out_only.double() - ref).norm() / ref.norm()) < TOLERANCES[q.dtype]
 
 
 def test_strided_views_of_a_fused_qkv_buffer():

@@ -76,8 +76,9 @@ TMA_STORE_MAX_DIM = 128
 # its two special-function ops a score, sheds an FADD a score. The sums are then of P as
 # rounded for P V, which normalises O alike but leaves the lse only bf16-accurate, so calls
 # with an lse (returned, or saved for the backward) keep fp32 sums. Without softcap the small
-# wgmma costs more than the FADDs it saves; at D=256 its accumulator spills; D=64 is
-# unmeasured (docs/design.md, "Serving masks and varlen/paged prefill").
+# wgmma costs more than the FADDs it saves at D=128 (at head dim 64 causal calls on the long
+# row gain: Sm90Config.causal_row_sums); at D=256 its accumulator spills (docs/design.md,
+# "Serving masks and varlen/paged prefill", "Hopper forward kernel").
 SOFTCAP_ROW_SUM_DIMS = (128,)
 
 
@@ -92,6 +93,9 @@ class Sm90Config:
     # S = Q K^T takes Q from registers, read once a tile (Consumer.q_operand), not from
     # shared memory at every wgmma; Q's buffer is then free for the next tile's Q.
     q_in_registers: bool = False
+    # Causal 16-bit calls that return no lse sum P's rows on the tensor cores (Rings.ROW_SUM_MMA,
+    # as softcap ones do at SOFTCAP_ROW_SUM_DIMS).
+    causal_row_sums: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -124,10 +128,11 @@ CONFIGS: dict[int, Sm90Config] = {
 # turns at the tensor cores (FlashAttention-3's hdim-64 tile). A thread's S, O and P fit the 160
 # registers each of three gets, and a K/V block then serves 1.5x the queries. Shorter causal
 # calls lose to 128-query tiles (the tiles' last rows run past the sequence and the diagonal
-# crosses two key blocks a tile); docs/design.md, "Hopper forward kernel".
+# crosses two key blocks a tile). Causal calls without an lse sum P's rows on the tensor cores,
+# measured faster there (within noise without a mask); docs/design.md, "Hopper forward kernel".
 LONG_QUERIES = 4096
 LONG_QUERY_CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(128, 3, block_m=192, split=True),
+    64: Sm90Config(128, 3, block_m=192, split=True, causal_row_sums=True),
 }
 
 # 16-bit rows for dense calls of fewer than LONG_QUERIES queries (packed and block-list calls
@@ -469,8 +474,9 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
-        ROW_SUM_MMA=(softcap > 0 and q.element_size() == 2 and lse is None
-                     and max(dim, dim_v) in SOFTCAP_ROW_SUM_DIMS),
+        ROW_SUM_MMA=(q.element_size() == 2 and lse is None
+                     and (softcap > 0 and max(dim, dim_v) in SOFTCAP_ROW_SUM_DIMS
+                          or causal and config.causal_row_sums)),
         MASK_BITS=mask_bits is not None,
         BITS_Q_BLOCK=mask_bits.bits.shape[1] if mask_bits is not None else 0,
     )
