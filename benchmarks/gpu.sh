@@ -42,7 +42,9 @@
 # budget is nearly spent: CALL_BUDGET_S (default 600, the device's limit a call) minus the time
 # since gpu.sh started, minus 90 s for the last point and the results (an explicit
 # :--budget-s:S wins). Each writes its partial file after every point, so a cut run keeps rows.
-# Exit status: 0 when every step succeeded, 1 otherwise (the remaining steps still run).
+# Exit status: 0 when every step succeeded, 1 otherwise (the remaining steps still run); 3 when
+# the device failed the timing gate (benchmarks/device_health.py, run once before the first step
+# that times; HEALTH_FLOOR_TFLOPS=0 skips it): no step ran, give the machine back.
 
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -127,6 +129,15 @@ profile() {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
 } 2>&1 | tee -a "$LOG"
+
+# The timing gate, once, before any step that times.
+for step in "$@"; do
+  case ${step%%:*} in
+    prefill|mla|backward|serving|mods|backward-full|serving-full|mods-full|fp8|py)
+      logged "$PY" benchmarks/device_health.py || exit 3
+      break ;;
+  esac
+done
 
 status=0
 for step in "$@"; do

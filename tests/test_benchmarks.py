@@ -533,3 +533,15 @@ def test_peer_wheels_travel_in_folders_under_a_call_s_carry_and_join_whole(tmp_p
     assert sorted(p.name for folder in folders for p in folder) == sorted(f.name for f in files)
     parts = sorted(tmp_path.glob("big-1.0-py3-none-any.whl.part-*"))
     assert b"".join(p.read_bytes() for p in parts) == originals["big-1.0-py3-none-any.whl"]
+
+
+def test_timing_gate_fails_a_throttling_device_and_gpu_sh_runs_it_before_timed_steps():
+    """benchmarks/device_health.py: a call whose matmul reads under the floor is void (a lent
+    H100 read 694 then 351 TFLOP/s within seconds); gpu.sh runs the gate before a timed step."""
+    health = _load(BENCHMARKS / "device_health.py")
+    assert health.verdict([730, 695, 687], 550) is None
+    assert "351" in health.verdict([694, 381, 351], 550)
+    assert health.verdict([351], 0) is None
+    script = (BENCHMARKS / "gpu.sh").read_text()
+    gate = script.index("benchmarks/device_health.py || exit 3")
+    assert gate < script.index('status=0\nfor step in "$@"; do')

@@ -304,7 +304,9 @@ def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
     128 threads each (three copies of the key loops), 160 registers each without a spill in a
     key loop; per-tile scalars wait on the stack (at most 32 bytes, 28 loads and stores).
     Causal calls without an lse sum P's rows on the tensor cores (causal_row_sums: m64n8
-    wgmmas, no key loop adds P up on FADDs); calls with one keep the FADDs."""
+    wgmmas, no key loop adds P up on FADDs); the others keep partial row sums
+    (partial_row_sums): their key loops shuffle for the row max only, 2 a row, where the
+    128-query rows' reduce the sums too."""
     rows = compiled["long"]
     assert len(rows) == 3
     two_consumers = compiled["rows"]["bf16-D64-causal"]
@@ -318,6 +320,8 @@ def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
             assert max(row["fadd_per_key_loop"]) < 16, (name, row["fadd_per_key_loop"])
         else:
             assert row["row_sum_wgmma"] == 0, name
+            assert set(row["shfl_per_key_loop"]) == {4}, (name, row["shfl_per_key_loop"])
+    assert set(two_consumers["shfl_per_key_loop"]) == {8}, two_consumers["shfl_per_key_loop"]
     assert rows["bf16-D64-causal-long"]["key_loops"] == 3 * two_consumers["key_loops"] // 2
 
 
@@ -342,6 +346,29 @@ def test_dense_calls_take_the_long_and_short_rows_where_there_is_one():
     assert sm90.config_for(64, 64, True, long) is sm90.FP8_CONFIGS[64]
     assert sm90.config_for(128, 128, False, long) is sm90.CONFIGS[128]
     assert sm90.config_for(64, 64, False, long).block_m % 64 == 0
+
+
+def test_row_sums_mode_per_call():
+    """Tensor-core row sums for 16-bit calls without an lse that softcap at
+    SOFTCAP_ROW_SUM_DIMS or are causal on a causal_row_sums row; partial sums for the others on
+    a partial_row_sums row; FP8 and every other call reduce the sums at each step."""
+    from tileattn.kernels.attention import sm90
+    from tileattn.kernels.attention.sm90_state import (ROW_SUMS_MMA, ROW_SUMS_PARTIAL,
+                                                       ROW_SUMS_REDUCED)
+    mma, partial, reduced = ROW_SUMS_MMA.value, ROW_SUMS_PARTIAL.value, ROW_SUMS_REDUCED.value
+    mode = sm90.row_sums_mode
+    long, d128, d256 = sm90.LONG_QUERY_CONFIGS[64], sm90.CONFIGS[128], sm90.CONFIGS[256]
+    # (config, 16-bit, lse, causal, softcap, padded dim) -> mode
+    assert mode(long, True, False, True, False, 64) == mma
+    assert mode(long, True, True, True, False, 64) == partial
+    assert mode(long, True, False, False, False, 64) == partial
+    assert mode(long, True, False, False, True, 64) == partial
+    assert mode(d128, True, False, False, True, 128) == mma
+    assert mode(d128, True, True, False, True, 128) == reduced
+    assert mode(d128, True, False, True, False, 128) == reduced
+    assert mode(d256, True, False, True, True, 256) == reduced
+    assert mode(sm90.FP8_CONFIGS[128], False, False, True, True, 128) == reduced
+    assert len({mma, partial, reduced}) == 3
 
 
 def test_padded_and_unequal_head_dims_compile_and_fit(compiled):

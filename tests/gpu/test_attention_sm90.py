@@ -140,11 +140,12 @@ def test_edge_shapes(shape):
 def test_long_call_row(causal):
     """Dense head-dim-64 calls of LONG_QUERIES queries or more take LONG_QUERY_CONFIGS' row
     (192-query tiles on three consumers; the last tile here has 68 rows, 21 * 192 + 68 = 4100);
-    without an lse, causal ones sum P's rows on the tensor cores (causal_row_sums)."""
+    without an lse, causal ones sum P's rows on the tensor cores (causal_row_sums), the others
+    keep partial row sums (partial_row_sums)."""
     shape = (1, 4100, 4100, 4, 2)
     q, k, v = make_inputs(shape, 64, torch.bfloat16)
     config = sm90.config_for(64, 64, seqlen_q=shape[1])
-    assert config.block_m == 192 and config.causal_row_sums
+    assert config.block_m == 192 and config.causal_row_sums and config.partial_row_sums
     out, lse = run_sm90(q, k, v, causal, config=config)
     assert_close(out, lse, q, k, v, causal)
     out_only, _ = run_sm90(q, k, v, causal, config=config, with_lse=False)

@@ -51,7 +51,8 @@ from .configs import block_descale_stride, descale_args, padded_head_dim
 from .layout import k_major_width
 from .sm90_consumers import consumer_partition
 from .sm90_epilogue import Output
-from .sm90_state import Descales, Rings
+from .sm90_state import (ROW_SUMS_MMA, ROW_SUMS_PARTIAL, ROW_SUMS_REDUCED, Descales,
+                         Rings)
 from .sm90_tiles import Problem
 from .. import mods
 from ..runtime import KernelLaunch
@@ -72,9 +73,9 @@ THREE_CONSUMER_REGS = gl.constexpr(160)
 TMA_STORE_MAX_KEYS = 4096
 TMA_STORE_MAX_DIM = 128
 # 16-bit softcap calls that return no lse, at these padded head dims, sum P's rows on the tensor
-# cores (P @ 1, a wgmma of N = 8 beside P V; Rings.ROW_SUM_MMA): the softcap softmax, bound by
-# its two special-function ops a score, sheds an FADD a score. The sums are then of P as
-# rounded for P V, which normalises O alike but leaves the lse only bf16-accurate, so calls
+# cores (P @ 1, a wgmma of N = 8 beside P V; sm90_state.ROW_SUMS_MMA): the softcap softmax,
+# bound by its two special-function ops a score, sheds an FADD a score. The sums are then of P
+# as rounded for P V, which normalises O alike but leaves the lse only bf16-accurate, so calls
 # with an lse (returned, or saved for the backward) keep fp32 sums. Without softcap the small
 # wgmma costs more than the FADDs it saves at D=128 (at head dim 64 causal calls on the long
 # row gain: Sm90Config.causal_row_sums); at D=256 its accumulator spills (docs/design.md,
@@ -93,9 +94,13 @@ class Sm90Config:
     # S = Q K^T takes Q from registers, read once a tile (Consumer.q_operand), not from
     # shared memory at every wgmma; Q's buffer is then free for the next tile's Q.
     q_in_registers: bool = False
-    # Causal 16-bit calls that return no lse sum P's rows on the tensor cores (Rings.ROW_SUM_MMA,
-    # as softcap ones do at SOFTCAP_ROW_SUM_DIMS).
+    # Causal 16-bit calls that return no lse sum P's rows on the tensor cores (ROW_SUMS_MMA, as
+    # softcap ones do at SOFTCAP_ROW_SUM_DIMS).
     causal_row_sums: bool = False
+    # 16-bit calls that do not sum on the tensor cores keep each thread's partial row sums
+    # across the key loop, reduced across the row's quad once a tile (ROW_SUMS_PARTIAL), not
+    # by shuffles at every key step.
+    partial_row_sums: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -129,10 +134,13 @@ CONFIGS: dict[int, Sm90Config] = {
 # registers each of three gets, and a K/V block then serves 1.5x the queries. Shorter causal
 # calls lose to 128-query tiles (the tiles' last rows run past the sequence and the diagonal
 # crosses two key blocks a tile). Causal calls without an lse sum P's rows on the tensor cores,
-# measured faster there (within noise without a mask); docs/design.md, "Hopper forward kernel".
+# measured faster there (within noise without a mask), the others keep partial row sums (faster
+# without a mask; at D=128 within noise, at D=256 causal slower); docs/design.md, "Hopper
+# forward kernel".
 LONG_QUERIES = 4096
 LONG_QUERY_CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(128, 3, block_m=192, split=True, causal_row_sums=True),
+    64: Sm90Config(128, 3, block_m=192, split=True, causal_row_sums=True,
+                    partial_row_sums=True),
 }
 
 # 16-bit rows for dense calls of fewer than LONG_QUERIES queries (packed and block-list calls
@@ -236,7 +244,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                           MASK_MOD: gl.constexpr, VARLEN: gl.constexpr,
                           WIDE_STORE: gl.constexpr, K_DESCALE_BLOCKED: gl.constexpr,
                           V_KEYS_GROUPED: gl.constexpr, Q_REGS: gl.constexpr, o_desc,
-                          ROW_SUM_MMA: gl.constexpr, MASK_BITS: gl.constexpr,
+                          ROW_SUMS: gl.constexpr, MASK_BITS: gl.constexpr,
                           BITS_Q_BLOCK: gl.constexpr):
     """Attention over the tiles of this program's work list (element strides; every tensor
     may be a view of a larger fused buffer):
@@ -271,8 +279,8 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                          BITS_Q_BLOCK rows) and int32 [num_tiles] each tile's first entry
     SCORE_MOD / MASK_MOD with mod_args: docs/design.md's hooks ("Mods"), or None and ();
     SCORE_LINEAR: SCORE_MOD has flex/linear.py's form (Problem). WIDE_STORE: 16-bit out,
-    stored in 16-byte rows through shared memory (Output); ROW_SUM_MMA: P's row sums as P @ 1
-    on the tensor cores (Rings; 16-bit only); o_desc (or None): out as
+    stored in 16-byte rows through shared memory (Output); ROW_SUMS: how P's rows are summed
+    (sm90_state.ROW_SUMS_*; row_sums_mode); o_desc (or None): out as
     [batch, num_q_heads, seqlen_q, OUT_DIM] in boxes [1, 1, 64, padded OUT_DIM] for Output's
     TMA stores.
     VARLEN: packed sequences, cu_seqlens_q/k int32 [batch + 1], program p's tiles ending at
@@ -300,7 +308,7 @@ def attention_sm90_kernel(tile_ids_ptr, tile_starts_ptr, num_m_blocks, num_q_hea
                         stride_v_descale_h, q_desc.dtype.primitive_bitwidth == 8,
                         K_DESCALE_BLOCKED, V_KEYS_GROUPED)
     rings = Rings.allocate(q_desc, k_desc, v_desc, NUM_STAGES, NUM_CONSUMERS,
-                           BLOCK_M // q_desc.block_type.shape[2], ROW_SUM_MMA)
+                           BLOCK_M // q_desc.block_type.shape[2], ROW_SUMS)
     # The partitions' arguments are aggregates, which carry their constexprs as fields. A
     # plain tuple does not (Triton 3.6): `args + (HALF, PINGPONG)` unwraps the constexprs to
     # Python ints that warp_specialize cannot pass ("'int' object has no attribute
@@ -369,6 +377,19 @@ def supports_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     if q.dtype not in (torch.float16, torch.bfloat16) or v.stride(2) != 1 or k.shape[0] == 0:
         return False
     return all(tma_ready(x, (0, 1)) for x in (q, k, v))
+
+
+def row_sums_mode(config: Sm90Config, sixteen_bit: bool, has_lse: bool, causal: bool,
+                  softcap: bool, padded_dim: int) -> int:
+    """How the kernel sums P's rows (sm90_state.ROW_SUMS_*): on the tensor cores for 16-bit
+    calls without an lse that softcap (at SOFTCAP_ROW_SUM_DIMS) or that are causal on a
+    causal_row_sums row; as partial sums on a partial_row_sums row; else reduced each step."""
+    if not sixteen_bit:
+        return ROW_SUMS_REDUCED.value
+    if not has_lse and (softcap and padded_dim in SOFTCAP_ROW_SUM_DIMS
+                        or causal and config.causal_row_sums):
+        return ROW_SUMS_MMA.value
+    return (ROW_SUMS_PARTIAL if config.partial_row_sums else ROW_SUMS_REDUCED).value
 
 
 def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
@@ -474,9 +495,8 @@ def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool,
         MASK_MOD=mask_mod, VARLEN=sequences is not None, WIDE_STORE=out.element_size() == 2,
         K_DESCALE_BLOCKED=k_descale is not None and k_descale.dim() == 3,
         V_KEYS_GROUPED=v_keys_grouped, Q_REGS=config.q_in_registers,
-        ROW_SUM_MMA=(q.element_size() == 2 and lse is None
-                     and (softcap > 0 and max(dim, dim_v) in SOFTCAP_ROW_SUM_DIMS
-                          or causal and config.causal_row_sums)),
+        ROW_SUMS=row_sums_mode(config, q.element_size() == 2, lse is not None, causal,
+                               softcap > 0, max(dim, dim_v)),
         MASK_BITS=mask_bits is not None,
         BITS_Q_BLOCK=mask_bits.bits.shape[1] if mask_bits is not None else 0,
     )

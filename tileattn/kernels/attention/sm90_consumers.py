@@ -19,7 +19,8 @@ from triton.language.core import _aggregate as aggregate
 
 from ..gluon_common import Scalar, online_softmax, scalar
 from .sm90_epilogue import store_tile
-from .sm90_state import P_OFFSET, Rings, TileScales
+from .sm90_state import (P_OFFSET, ROW_SUMS_MMA, ROW_SUMS_PARTIAL, ROW_SUMS_REDUCED, Rings,
+                         TileScales)
 from .sm90_tiles import Problem
 
 
@@ -44,7 +45,7 @@ class Consumer:
     p_layout: gl.constexpr
     q_a_layout: gl.constexpr
     row_layout: gl.constexpr
-    l_layout: gl.constexpr       # ROW_SUM_MMA's [ROWS, 8] row sums (every column the same)
+    l_layout: gl.constexpr       # ROW_SUMS_MMA's / _PARTIAL's [ROWS, 8] row sums
 
     @gluon.constexpr_function
     def __init__(self, problem, rings, q_op, HALF, PINGPONG, ROWS, HEAD_DIM_V, FP8,
@@ -184,17 +185,17 @@ class Consumer:
 
     @gluon.jit
     def issue_pv(self, p_op, stage, acc, l_i):
-        """O += P V on the tile in `stage`, and with ROW_SUM_MMA l += P 1 (the row sums on the
+        """O += P V on the tile in `stage`, and with ROW_SUMS_MMA l += P 1 (the row sums on the
         tensor cores, no FADD a score): returns (acc, l_i), async."""
         acc = warpgroup_mma(p_op, self.rings.v_operand(stage), acc, is_async=True)
-        if self.rings.ROW_SUM_MMA:
+        if self.rings.ROW_SUMS == ROW_SUMS_MMA:
             l_i = warpgroup_mma(p_op, self.rings.ones_operand(), l_i, is_async=True)
         return acc, l_i
 
     @gluon.jit
     def retire_pv(self, acc, l_i):
         """Wait for issue_pv's GEMMs (and every earlier one)."""
-        if self.rings.ROW_SUM_MMA:
+        if self.rings.ROW_SUMS == ROW_SUMS_MMA:
             acc, l_i = warpgroup_mma_wait(0, deps=(acc, l_i))
         else:
             acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -202,24 +203,36 @@ class Consumer:
 
     @gluon.jit
     def rescale(self, acc, l_i, alpha):
-        """O (and ROW_SUM_MMA's row sums) times the block's alpha."""
+        """O (and the [ROWS, 8] row sums) times the block's alpha."""
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, self.o_layout)), 1)
-        if self.rings.ROW_SUM_MMA:
+        if self.rings.ROW_SUMS != ROW_SUMS_REDUCED:
             l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, self.l_layout)),
                                        1)
         return acc, l_i
 
     @gluon.jit
     def row_sums(self, l_i):
-        """The row vector of P's sums: l_i, or ROW_SUM_MMA's column 0 of every row."""
-        if self.rings.ROW_SUM_MMA:
+        """The row vector of P's sums: l_i; ROW_SUMS_MMA's column 0 of every row (each column
+        holds the sum); ROW_SUMS_PARTIAL's sum over the quad's 8 partial sums."""
+        if self.rings.ROW_SUMS == ROW_SUMS_MMA:
             l_i = gl.convert_layout(gl.max(l_i, 1), self.row_layout)
+        elif self.rings.ROW_SUMS == ROW_SUMS_PARTIAL:
+            l_i = gl.convert_layout(gl.sum(l_i, 1), self.row_layout)
+        return l_i
+
+    @gluon.jit
+    def add_partial_sums(self, l_i, p_f32):
+        """ROW_SUMS_PARTIAL: each thread's own columns of P added into the [ROWS, 8] sums (the
+        quad's reduction once a tile, in row_sums)."""
+        if self.rings.ROW_SUMS == ROW_SUMS_PARTIAL:
+            part = gl.sum(gl.reshape(p_f32, [self.ROWS, self.problem.BLOCK_N // 8, 8]), 1)
+            l_i = l_i + gl.convert_layout(part, self.l_layout)
         return l_i
 
     @gluon.jit
     def zero_sums(self):
-        """A tile's first row sums: [ROWS], or ROW_SUM_MMA's [ROWS, 8] accumulator."""
-        if self.rings.ROW_SUM_MMA:
+        """A tile's first row sums: [ROWS], or the [ROWS, 8] sums of ROW_SUMS_MMA / _PARTIAL."""
+        if self.rings.ROW_SUMS != ROW_SUMS_REDUCED:
             l_i = gl.zeros([self.ROWS, 8], gl.float32, layout=self.l_layout)
         else:
             l_i = gl.zeros([self.ROWS], gl.float32, layout=self.row_layout)
@@ -325,7 +338,7 @@ class Consumer:
         # A score hook may return -inf too: rows must survive seeing only -inf.
         return online_softmax(s, m_i, l_i, qk_scale, MASKED or problem.SCORE_MOD is not None,
                               row_offset, P_OFFSET if self.FP8 else 0.0,
-                              not self.rings.ROW_SUM_MMA)
+                              self.rings.ROW_SUMS == ROW_SUMS_REDUCED)
 
     @gluon.jit
     def linear_columns(self, tile, mod_args):
@@ -434,7 +447,7 @@ def _key_blocks(loop, q_a, rows, tile, block_start, block_end, wg, scales, mod_a
         if MASK_HOOK:
             keep = wg.mask_verdict(rows, tile, key_start, j, mod_args)
         # wgmma groups retire in order: P V's left in flight means S_j is done, P V is not.
-        PV_GROUPS: gl.constexpr = 2 if rings.ROW_SUM_MMA else 1
+        PV_GROUPS: gl.constexpr = 2 if rings.ROW_SUMS == ROW_SUMS_MMA else 1
         s = warpgroup_mma_wait(PV_GROUPS, deps=(s,))
         rings.release(rings.k_empty.index(stage))
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
@@ -443,6 +456,7 @@ def _key_blocks(loop, q_a, rows, tile, block_start, block_end, wg, scales, mod_a
         acc, l_i = wg.retire_pv(acc, l_i)
         rings.release(rings.v_empty.index(prev_stage))
         acc, l_i = wg.rescale(acc, l_i, alpha)
+        l_i = wg.add_partial_sums(l_i, p_f32)
         p = wg.carried_p(p_f32)
         prev_stage = stage
         prev_phase = phase
@@ -485,6 +499,7 @@ def _attend_tile(acc, m_i, l_i, kv_count, turn_count, q_a, rows, tile, wg, scale
         p_f32, alpha, m_i, l_i = wg.softmax_update(s, m_i, l_i, rows, tile, key_start,
                                                    scales, mod_args, score_columns, True,
                                                    False)
+    l_i = wg.add_partial_sums(l_i, p_f32)
     loop = KeyLoop(acc, wg.carried_p(p_f32), m_i, l_i, kv_count + 1, stage, phase, turn_count)
 
     # Steps crossing the left window bound (block lists: partial blocks), those every row sees

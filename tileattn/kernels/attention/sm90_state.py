@@ -20,13 +20,21 @@ P_OFFSET = gl.constexpr(FP8_P_OFFSET)
 # Rows a block descale covers (q's, k's; configs.DESCALE_BLOCK_ROWS).
 DESCALE_ROWS = gl.constexpr(DESCALE_BLOCK_ROWS)
 
+# How a consumer sums P's rows (Rings.ROW_SUMS): in fp32 at every key step, reduced across the
+# row's quad of threads by shuffles (REDUCED); as P @ 1, a wgmma of N = 8 beside P V (MMA); or
+# in fp32, each thread its own columns across the key loop, the quad's reduction once a tile
+# (PARTIAL). MMA and PARTIAL keep the sums in a [ROWS, 8] tensor (Consumer.l_layout).
+ROW_SUMS_REDUCED = gl.constexpr(0)
+ROW_SUMS_MMA = gl.constexpr(1)
+ROW_SUMS_PARTIAL = gl.constexpr(2)
+
 
 @aggregate
 class Rings:
     """The shared memory of a program: Q's buffer and the K and V rings of NUM_STAGES tiles,
     each buffer with a ready / empty mbarrier pair, and the turn barriers of ping-pong
     consumers (one each, at least two). The tiles are [1, 1, rows, head dim], as TMA writes
-    them; Q's buffer is [boxes, 1, 1, box rows, head dim]. With ROW_SUM_MMA, ones_smem holds
+    them; Q's buffer is [boxes, 1, 1, box rows, head dim]. With ROW_SUMS_MMA, ones_smem holds
     [8, BLOCK_N] ones with which P @ 1 sums P's rows on the tensor cores (Consumer.issue_pv);
     otherwise it names Q's buffer and is never read."""
     q_smem: gl.shared_memory_descriptor
@@ -40,11 +48,11 @@ class Rings:
     v_empty: gl.shared_memory_descriptor
     turn_bars: gl.shared_memory_descriptor
     ones_smem: gl.shared_memory_descriptor
-    ROW_SUM_MMA: gl.constexpr
+    ROW_SUMS: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                 v_empty, turn_bars, ones_smem, ROW_SUM_MMA):
+                 v_empty, turn_bars, ones_smem, ROW_SUMS):
         self.q_smem = q_smem
         self.k_smem = k_smem
         self.v_smem = v_smem
@@ -56,11 +64,11 @@ class Rings:
         self.v_empty = v_empty
         self.turn_bars = turn_bars
         self.ones_smem = ones_smem
-        self.ROW_SUM_MMA = gl.constexpr(ROW_SUM_MMA)
+        self.ROW_SUMS = gl.constexpr(ROW_SUMS)
 
     @gluon.jit
     def allocate(q_desc, k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-                 Q_BOXES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+                 Q_BOXES: gl.constexpr, ROW_SUMS: gl.constexpr):
         """Allocate and initialise; every consumer partition releases every buffer, so the
         empty barriers count NUM_CONSUMERS arrivals. Q's buffer holds Q_BOXES boxes of the
         descriptor's rows (TMA boxes are powers of two: a 192-row tile is 3 of 64)."""
@@ -87,7 +95,7 @@ class Rings:
             mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
-        if ROW_SUM_MMA:
+        if ROW_SUMS == ROW_SUMS_MMA:
             BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
             BITS: gl.constexpr = k_desc.dtype.primitive_bitwidth
             SWIZZLE: gl.constexpr = 128 if BLOCK_N * BITS >= 1024 else BLOCK_N * BITS // 8
@@ -99,7 +107,7 @@ class Rings:
         else:
             ones_smem = q_smem
         return Rings(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     turn_bars, ones_smem, ROW_SUM_MMA)
+                     turn_bars, ones_smem, ROW_SUMS)
 
     @gluon.jit
     def release(self, bar):
@@ -116,7 +124,7 @@ class Rings:
 
     @gluon.jit
     def ones_operand(self):
-        """[BLOCK_N, 8] ones: the B operand of P @ 1 (ROW_SUM_MMA), a K-major view."""
+        """[BLOCK_N, 8] ones: the B operand of P @ 1 (ROW_SUMS_MMA), a K-major view."""
         return self.ones_smem.permute((1, 0))
 
     @gluon.jit
