@@ -326,12 +326,17 @@ def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
 
 
 def test_short_dense_call_rows_compile_fit_and_do_not_spill(compiled):
+    """SHORT_QUERY_CONFIGS fit, run on wgmma and TMA and do not spill; its causal calls keep
+    partial row sums (partial_row_sums="causal": the key loops shuffle for the row max only, 2
+    a row), the others reduce the sums at every step too."""
     rows = compiled["short"]
     assert len(rows) == 2
     for name, row in rows.items():
         _fits_and_runs_on_wgmma_tma(name, row, **TILE_SCALARS)
         assert row["local_in_key_loops"] == 0, (name, row)
         _stores_o_whole(name, row)
+    assert set(rows["bf16-D64-causal-short"]["shfl_per_key_loop"]) == {4}, rows
+    assert set(rows["bf16-D64-full-short"]["shfl_per_key_loop"]) == {8}, rows
 
 
 def test_dense_calls_take_the_long_and_short_rows_where_there_is_one():
@@ -350,8 +355,9 @@ def test_dense_calls_take_the_long_and_short_rows_where_there_is_one():
 
 def test_row_sums_mode_per_call():
     """Tensor-core row sums for 16-bit calls without an lse that softcap at
-    SOFTCAP_ROW_SUM_DIMS or are causal on a causal_row_sums row; partial sums for the others on
-    a partial_row_sums row; FP8 and every other call reduce the sums at each step."""
+    SOFTCAP_ROW_SUM_DIMS or are causal on a causal_row_sums row; partial sums for the others
+    that their row's partial_row_sums takes; FP8 and every other call reduce the sums at each
+    step."""
     from tileattn.kernels.attention import sm90
     from tileattn.kernels.attention.sm90_state import (ROW_SUMS_MMA, ROW_SUMS_PARTIAL,
                                                        ROW_SUMS_REDUCED)
@@ -363,6 +369,11 @@ def test_row_sums_mode_per_call():
     assert mode(long, True, True, True, False, 64) == partial
     assert mode(long, True, False, False, False, 64) == partial
     assert mode(long, True, False, False, True, 64) == partial
+    short = sm90.SHORT_QUERY_CONFIGS[64]        # partial sums for causal calls only
+    assert mode(short, True, False, True, False, 64) == partial
+    assert mode(short, True, True, True, False, 64) == partial
+    assert mode(short, True, False, False, False, 64) == reduced
+    assert mode(sm90.CONFIGS[64], True, False, True, False, 64) == reduced
     assert mode(d128, True, False, False, True, 128) == mma
     assert mode(d128, True, True, False, True, 128) == reduced
     assert mode(d128, True, False, True, False, 128) == reduced

@@ -145,7 +145,24 @@ def test_long_call_row(causal):
     shape = (1, 4100, 4100, 4, 2)
     q, k, v = make_inputs(shape, 64, torch.bfloat16)
     config = sm90.config_for(64, 64, seqlen_q=shape[1])
-    assert config.block_m == 192 and config.causal_row_sums and config.partial_row_sums
+    assert config.block_m == 192 and config.causal_row_sums and config.partial_row_sums == "all"
+    out, lse = run_sm90(q, k, v, causal, config=config)
+    assert_close(out, lse, q, k, v, causal)
+    out_only, _ = run_sm90(q, k, v, causal, config=config, with_lse=False)
+    ref, _ = attention_reference(q, k, v, causal=causal)
+    assert not out_only.isnan().any()
+    assert float((out_only.double() - ref).norm() / ref.norm()) < TOLERANCES[q.dtype]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["non-causal", "causal"])
+def test_short_call_row(causal):
+    """Dense head-dim-64 calls under LONG_QUERIES queries take SHORT_QUERY_CONFIGS' row, whose
+    causal calls keep per-thread partial row sums (partial_row_sums="causal"); Sq != Sk,
+    bottom-right causal, odd lengths, with and without an lse."""
+    shape = (2, 1000, 1300, 4, 2)
+    q, k, v = make_inputs(shape, 64, torch.bfloat16)
+    config = sm90.config_for(64, 64, seqlen_q=shape[1])
+    assert config is sm90.SHORT_QUERY_CONFIGS[64] and config.partial_row_sums == "causal"
     out, lse = run_sm90(q, k, v, causal, config=config)
     assert_close(out, lse, q, k, v, causal)
     out_only, _ = run_sm90(q, k, v, causal, config=config, with_lse=False)

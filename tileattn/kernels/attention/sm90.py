@@ -99,8 +99,8 @@ class Sm90Config:
     causal_row_sums: bool = False
     # 16-bit calls that do not sum on the tensor cores keep each thread's partial row sums
     # across the key loop, reduced across the row's quad once a tile (ROW_SUMS_PARTIAL), not
-    # by shuffles at every key step.
-    partial_row_sums: bool = False
+    # by shuffles at every key step: "all" of them, "causal" ones only, or none ("").
+    partial_row_sums: str = ""
 
     @property
     def num_warps(self) -> int:
@@ -140,15 +140,16 @@ CONFIGS: dict[int, Sm90Config] = {
 LONG_QUERIES = 4096
 LONG_QUERY_CONFIGS: dict[int, Sm90Config] = {
     64: Sm90Config(128, 3, block_m=192, split=True, causal_row_sums=True,
-                    partial_row_sums=True),
+                    partial_row_sums="all"),
 }
 
 # 16-bit rows for dense calls of fewer than LONG_QUERIES queries (packed and block-list calls
 # keep CONFIGS): at head dim 64 two K/V stages, measured faster than three on dense calls of
-# 1k-2k queries without a mask and equal under causal, but slower on block lists
-# (docs/design.md, "Hopper forward kernel").
+# 1k-2k queries without a mask and equal under causal, but slower on block lists; causal calls
+# keep partial row sums, measured faster (slower without a mask) (docs/design.md, "Hopper
+# forward kernel").
 SHORT_QUERY_CONFIGS: dict[int, Sm90Config] = {
-    64: Sm90Config(128, 2, split=True, q_in_registers=True),
+    64: Sm90Config(128, 2, split=True, q_in_registers=True, partial_row_sums="causal"),
 }
 
 
@@ -383,13 +384,17 @@ def row_sums_mode(config: Sm90Config, sixteen_bit: bool, has_lse: bool, causal: 
                   softcap: bool, padded_dim: int) -> int:
     """How the kernel sums P's rows (sm90_state.ROW_SUMS_*): on the tensor cores for 16-bit
     calls without an lse that softcap (at SOFTCAP_ROW_SUM_DIMS) or that are causal on a
-    causal_row_sums row; as partial sums on a partial_row_sums row; else reduced each step."""
+    causal_row_sums row; as partial sums where the row's partial_row_sums takes the call; else
+    reduced each step."""
+    assert config.partial_row_sums in ("", "causal", "all"), config.partial_row_sums
     if not sixteen_bit:
         return ROW_SUMS_REDUCED.value
     if not has_lse and (softcap and padded_dim in SOFTCAP_ROW_SUM_DIMS
                         or causal and config.causal_row_sums):
         return ROW_SUMS_MMA.value
-    return (ROW_SUMS_PARTIAL if config.partial_row_sums else ROW_SUMS_REDUCED).value
+    if config.partial_row_sums == "all" or causal and config.partial_row_sums == "causal":
+        return ROW_SUMS_PARTIAL.value
+    return ROW_SUMS_REDUCED.value
 
 
 def attention_sm90_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, *,
