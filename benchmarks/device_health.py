@@ -1,8 +1,11 @@
-"""The timing gate gpu.sh runs before a step that times: a bf16 8192^3 matmul, five readings;
-exit 3 when one falls under the floor (HEALTH_FLOOR_TFLOPS, default 550, for the lent H100 and
-H200; 0 turns the gate off). On 2026-11-28 a lent H100 read 694 then 351 TFLOP/s within
-seconds and every timing of that call ran ~3.5x slow (docs/design.md, "Benchmarks and
-results"): such a call's numbers are void, and a fresh machine is the remedy (give it back)."""
+"""The timing gate `bash benchmarks/gpu.sh` runs before a step that times:
+`python benchmarks/device_health.py [--floor TFLOPS]` reads a bf16 8192^3 matmul five times and
+exits 3 when one reading falls under the floor (default 550 TFLOP/s, for the lent H100 and H200;
+HEALTH_FLOOR_TFLOPS sets it for gpu.sh, 0 turns the gate off). On 2026-11-28 a lent H100 read
+694 then 351 TFLOP/s within seconds and every timing of that call ran ~3.5x slow
+(docs/design.md, "Benchmarks and results"): such a call's numbers are void, and a fresh machine
+is the remedy (give it back)."""
+import argparse
 import os
 import subprocess
 import sys
@@ -20,10 +23,14 @@ def verdict(readings: list, floor: float) -> str | None:
             f"{len(low)} under the floor of {floor:g}: timings would be void")
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--floor", type=float,
+                        default=float(os.environ.get("HEALTH_FLOOR_TFLOPS", FLOOR_TFLOPS)),
+                        help="TFLOP/s every reading must reach (0: no gate)")
+    args = parser.parse_args(argv)
     import torch
     import triton
-    floor = float(os.environ.get("HEALTH_FLOOR_TFLOPS", FLOOR_TFLOPS))
     a = torch.randn(SIZE, SIZE, device="cuda", dtype=torch.bfloat16)
     readings = [2 * SIZE**3 / triton.testing.do_bench(lambda: a @ a, warmup=100, rep=400,
                                                        return_mode="median") / 1e9
@@ -32,7 +39,7 @@ def main() -> int:
                              "clocks_throttle_reasons.active", "--format=csv,noheader"],
                             capture_output=True, text=True).stdout.strip()
     print(f"health: bf16 matmul TFLOP/s {[round(r) for r in readings]} | {clocks}")
-    why = verdict(readings, floor)
+    why = verdict(readings, args.floor)
     if why:
         print(why, file=sys.stderr)
         return 3
