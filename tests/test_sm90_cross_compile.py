@@ -120,6 +120,10 @@ long = {f"bf16-D{d}-{label(causal)}-long": compile_case("bf16", d, causal,
 long.update({f"bf16-D{d}-causal-long-no-lse": compile_case("bf16", d, True,
                                                            queries=sm90.LONG_QUERIES, lse=False)
              for d in sm90.LONG_QUERY_CONFIGS})
+# A left window on a long row: its window loop keeps the partial row sums too.
+long.update({f"bf16-D{d}-causal-window-long": compile_case("bf16", d, True, window_left=1000,
+                                                           queries=sm90.LONG_QUERIES)
+             for d in sm90.LONG_QUERY_CONFIGS})
 # The rows shorter dense calls take (SHORT_QUERY_CONFIGS).
 short = {f"bf16-D{d}-{label(causal)}-short": compile_case("bf16", d, causal, queries=1000)
          for d in sm90.SHORT_QUERY_CONFIGS for causal in (False, True)}
@@ -308,7 +312,7 @@ def test_long_call_rows_compile_on_three_consumer_warpgroups(compiled):
     (partial_row_sums): their key loops shuffle for the row max only, 2 a row, where the
     128-query rows' reduce the sums too."""
     rows = compiled["long"]
-    assert len(rows) == 3
+    assert len(rows) == 4
     two_consumers = compiled["rows"]["bf16-D64-causal"]
     for name, row in rows.items():
         assert row["block_m"] == 192 and row["split"], (name, row)
