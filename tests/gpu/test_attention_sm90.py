@@ -136,33 +136,26 @@ def test_edge_shapes(shape):
     check(shape, 128, torch.bfloat16, True)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["non-causal", "causal"])
-def test_long_call_row(causal):
-    """Dense head-dim-64 calls of LONG_QUERIES queries or more take LONG_QUERY_CONFIGS' row
-    (192-query tiles on three consumers; the last tile here has 68 rows, 21 * 192 + 68 = 4100);
-    without an lse, causal ones sum P's rows on the tensor cores (causal_row_sums), the others
-    keep partial row sums (partial_row_sums)."""
-    shape = (1, 4100, 4100, 4, 2)
-    q, k, v = make_inputs(shape, 64, torch.bfloat16)
-    config = sm90.config_for(64, 64, seqlen_q=shape[1])
-    assert config.block_m == 192 and config.causal_row_sums and config.partial_row_sums == "all"
-    out, lse = run_sm90(q, k, v, causal, config=config)
-    assert_close(out, lse, q, k, v, causal)
-    out_only, _ = run_sm90(q, k, v, causal, config=config, with_lse=False)
-    ref, _ = attention_reference(q, k, v, causal=causal)
-    assert not out_only.isnan().any()
-    assert float((out_only.double() - ref).norm() / ref.norm()) < TOLERANCES[q.dtype]
+# The dense head-dim-64 rows config_for picks by the number of queries: the long one
+# (LONG_QUERIES or more; 192-query tiles on three consumers, the last tile here 68 rows,
+# 21 * 192 + 68 = 4100) and the short one (Sq != Sk, bottom-right causal, odd lengths).
+DENSE_ROWS = {"long": ((1, 4100, 4100, 4, 2), sm90.LONG_QUERY_CONFIGS[64], "all"),
+              "short": ((2, 1000, 1300, 4, 2), sm90.SHORT_QUERY_CONFIGS[64], "causal")}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["non-causal", "causal"])
-def test_short_call_row(causal):
-    """Dense head-dim-64 calls under LONG_QUERIES queries take SHORT_QUERY_CONFIGS' row, whose
-    causal calls keep per-thread partial row sums (partial_row_sums="causal"); Sq != Sk,
-    bottom-right causal, odd lengths, with and without an lse."""
-    shape = (2, 1000, 1300, 4, 2)
+@pytest.mark.parametrize("row", list(DENSE_ROWS))
+def test_dense_call_rows(row, causal):
+    """Each dense head-dim-64 row, with and without an lse, against fp64. How P's rows are
+    summed differs by row and call: the long row's causal calls without an lse on the tensor
+    cores (causal_row_sums), its other calls, and the short row's causal ones, as per-thread
+    partial sums (partial_row_sums)."""
+    shape, row_config, partial = DENSE_ROWS[row]
     q, k, v = make_inputs(shape, 64, torch.bfloat16)
     config = sm90.config_for(64, 64, seqlen_q=shape[1])
-    assert config is sm90.SHORT_QUERY_CONFIGS[64] and config.partial_row_sums == "causal"
+    assert config is row_config and config.partial_row_sums == partial
+    assert config.block_m == (192 if row == "long" else 128)
+    assert config.causal_row_sums == (row == "long")
     out, lse = run_sm90(q, k, v, causal, config=config)
     assert_close(out, lse, q, k, v, causal)
     out_only, _ = run_sm90(q, k, v, causal, config=config, with_lse=False)
