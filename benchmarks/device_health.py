@@ -30,11 +30,9 @@ def main(argv=None) -> int:
                         help="TFLOP/s every reading must reach (0: no gate)")
     args = parser.parse_args(argv)
     import torch
-    import triton
+    from tileattn.bench.common import time_ms
     a = torch.randn(SIZE, SIZE, device="cuda", dtype=torch.bfloat16)
-    readings = [2 * SIZE**3 / triton.testing.do_bench(lambda: a @ a, warmup=100, rep=400,
-                                                       return_mode="median") / 1e9
-                for _ in range(5)]
+    readings = [2 * SIZE**3 / time_ms(lambda: a @ a) / 1e9 for _ in range(5)]
     clocks = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu,"
                              "clocks_throttle_reasons.active", "--format=csv,noheader"],
                             capture_output=True, text=True).stdout.strip()
